@@ -1,0 +1,168 @@
+//! The `OperationJournal` gRPC service: thin handlers over [`Journal`].
+
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use crate::journal::{BeginOutcome, Journal};
+use crate::proto;
+use crate::proto::operation_journal_server::{OperationJournal, OperationJournalServer};
+
+/// The `opjournal.v1.OperationJournal` service.
+#[derive(Clone)]
+pub struct JournalService {
+    journal: Journal,
+}
+
+impl JournalService {
+    /// A service over `journal`.
+    pub fn new(journal: Journal) -> Self {
+        Self { journal }
+    }
+
+    /// The tonic server for this service.
+    pub fn into_server(self) -> OperationJournalServer<Self> {
+        OperationJournalServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl OperationJournal for JournalService {
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/BeginOperation", decision))]
+    async fn begin_operation(
+        &self,
+        request: Request<proto::BeginOperationRequest>,
+    ) -> Result<Response<proto::BeginOperationResponse>, Status> {
+        let r = request.into_inner();
+        let command = self.journal.parse_begin(
+            &r.namespace,
+            &r.operation_key,
+            &r.action_type,
+            &r.payload_json,
+            r.lease_seconds,
+            r.references,
+        )?;
+        let outcome = self.journal.begin(command).await?;
+        let (decision, record, lease_token, retry_after) = match outcome {
+            BeginOutcome::Execute { record, token } => {
+                (proto::Decision::Execute, record, token.encode(), None)
+            }
+            BeginOutcome::Replay(record) => (proto::Decision::Replay, record, String::new(), None),
+            BeginOutcome::InProgress {
+                record,
+                retry_after,
+            } => (
+                proto::Decision::InProgress,
+                record,
+                String::new(),
+                Some(convert::duration(retry_after)),
+            ),
+            BeginOutcome::VerificationRequired(record) => (
+                proto::Decision::VerificationRequired,
+                record,
+                String::new(),
+                None,
+            ),
+        };
+        tracing::Span::current().record("decision", decision.as_str_name());
+        Ok(Response::new(proto::BeginOperationResponse {
+            decision: decision.into(),
+            operation: Some(convert::operation(&record)),
+            lease_token,
+            retry_after,
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/CompleteOperation"))]
+    async fn complete_operation(
+        &self,
+        request: Request<proto::CompleteOperationRequest>,
+    ) -> Result<Response<proto::CompleteOperationResponse>, Status> {
+        let r = request.into_inner();
+        let record = self
+            .journal
+            .complete(&r.lease_token, &r.external_id, &r.result_json)
+            .await?;
+        Ok(Response::new(proto::CompleteOperationResponse {
+            operation: Some(convert::operation(&record)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/FailOperation"))]
+    async fn fail_operation(
+        &self,
+        request: Request<proto::FailOperationRequest>,
+    ) -> Result<Response<proto::FailOperationResponse>, Status> {
+        let r = request.into_inner();
+        let record = self.journal.fail(&r.lease_token, &r.error_code).await?;
+        Ok(Response::new(proto::FailOperationResponse {
+            operation: Some(convert::operation(&record)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/ReportUnknownOutcome"))]
+    async fn report_unknown_outcome(
+        &self,
+        request: Request<proto::ReportUnknownOutcomeRequest>,
+    ) -> Result<Response<proto::ReportUnknownOutcomeResponse>, Status> {
+        let r = request.into_inner();
+        let record = self
+            .journal
+            .report_unknown(&r.lease_token, &r.error_code)
+            .await?;
+        Ok(Response::new(proto::ReportUnknownOutcomeResponse {
+            operation: Some(convert::operation(&record)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/RenewLease"))]
+    async fn renew_lease(
+        &self,
+        request: Request<proto::RenewLeaseRequest>,
+    ) -> Result<Response<proto::RenewLeaseResponse>, Status> {
+        let r = request.into_inner();
+        let record = self.journal.renew(&r.lease_token, r.lease_seconds).await?;
+        Ok(Response::new(proto::RenewLeaseResponse {
+            operation: Some(convert::operation(&record)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/GetOperation"))]
+    async fn get_operation(
+        &self,
+        request: Request<proto::GetOperationRequest>,
+    ) -> Result<Response<proto::GetOperationResponse>, Status> {
+        let r = request.into_inner();
+        let record = self.journal.get(&r.namespace, &r.operation_key).await?;
+        Ok(Response::new(proto::GetOperationResponse {
+            operation: Some(convert::operation(&record)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/ListOperations"))]
+    async fn list_operations(
+        &self,
+        request: Request<proto::ListOperationsRequest>,
+    ) -> Result<Response<proto::ListOperationsResponse>, Status> {
+        let r = request.into_inner();
+        let status = proto::OperationStatus::try_from(r.status).map_err(|_| {
+            Status::from(crate::domain::error::JournalError::invalid(
+                "INVALID_STATUS_FILTER",
+                crate::domain::error::FieldViolation::new("status", "is not an OperationStatus value"),
+            ))
+        })?;
+        let (records, next_page_token) = self
+            .journal
+            .list(
+                &r.namespace,
+                convert::status_from_proto(status),
+                &r.action_type,
+                r.page_size,
+                &r.page_token,
+            )
+            .await?;
+        Ok(Response::new(proto::ListOperationsResponse {
+            operations: records.iter().map(convert::operation).collect(),
+            next_page_token,
+        }))
+    }
+}

@@ -1,0 +1,161 @@
+//! The gRPC transport: services, health, reflection, and ordered shutdown.
+//!
+//! Health entries: `""` (the whole server) and `liveness` never depend on the database;
+//! `readiness` and one entry per service follow a cached database check. On shutdown every
+//! entry goes NOT_SERVING first, then, after `drain_delay` (time for load balancers to
+//! notice), the listener closes and in-flight calls finish.
+
+pub mod convert;
+pub mod journal_service;
+pub mod reconciler_service;
+pub mod status;
+
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::journal::Journal;
+use crate::proto;
+use crate::reconcile::Reconciler;
+pub use journal_service::JournalService;
+pub use reconciler_service::ReconcilerService;
+
+/// Health service names besides the gRPC services themselves.
+pub const LIVENESS: &str = "liveness";
+/// Health entry that follows the database check.
+pub const READINESS: &str = "readiness";
+const SERVICES: &[&str] = &["opjournal.v1.OperationJournal", "opjournal.v1.Reconciler"];
+
+/// Server lifecycle settings.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// How often readiness checks the database.
+    pub readiness_interval: Duration,
+    /// Time between NOT_SERVING and closing the listener on shutdown.
+    pub drain_delay: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            readiness_interval: Duration::from_secs(2),
+            drain_delay: Duration::from_secs(0),
+        }
+    }
+}
+
+/// A server failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The transport failed.
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The reflection descriptors are broken.
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Serves the journal on `listener` until `shutdown` is cancelled, then drains.
+///
+/// Errors: the transport fails to serve.
+pub async fn serve(
+    journal: Journal,
+    reconciler: Reconciler,
+    listener: TcpListener,
+    options: ServeOptions,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status(LIVENESS, ServingStatus::Serving)
+        .await;
+    let readiness = tokio::spawn(watch_readiness(
+        journal.clone(),
+        reporter.clone(),
+        options.readiness_interval,
+        shutdown.clone(),
+    ));
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let stop_reporter = reporter.clone();
+    let drain_delay = options.drain_delay;
+    let stopped = async move {
+        shutdown.cancelled().await;
+        set_all(&stop_reporter, ServingStatus::NotServing).await;
+        stop_reporter
+            .set_service_status(LIVENESS, ServingStatus::NotServing)
+            .await;
+        stop_reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        tracing::info!(drain_delay_ms = drain_delay.as_millis() as u64, "shutting down: draining");
+        tokio::time::sleep(drain_delay).await;
+    };
+
+    let result = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(JournalService::new(journal).into_server())
+        .add_service(ReconcilerService::new(reconciler).into_server())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
+        .await;
+    readiness.abort();
+    result?;
+    Ok(())
+}
+
+async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
+    reporter.set_service_status(READINESS, status).await;
+    for service in SERVICES {
+        reporter.set_service_status(*service, status).await;
+    }
+}
+
+/// Follows the database check into readiness until shutdown.
+async fn watch_readiness(
+    journal: Journal,
+    reporter: HealthReporter,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut last = None;
+    loop {
+        let ready = tokio::select! {
+            () = shutdown.cancelled() => return,
+            result = tokio::time::timeout(interval.max(Duration::from_millis(500)), journal.store().ping()) => {
+                matches!(result, Ok(Ok(())))
+            }
+        };
+        if last != Some(ready) && !shutdown.is_cancelled() {
+            let status = if ready {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            set_all(&reporter, status).await;
+            if ready {
+                tracing::info!("database reachable: ready");
+            } else {
+                tracing::warn!("database unreachable: not ready");
+            }
+            last = Some(ready);
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! `JournalError` -> `tonic::Status`: one gRPC code and exactly one `google.rpc.ErrorInfo`
+//! (AIP-193) per error, with a stable reason. The mapping is exhaustive on purpose: a new
+//! error variant does not compile until it is given a code and a reason.
+
+use std::collections::HashMap;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt as _};
+
+use crate::domain::error::JournalError;
+
+/// The `ErrorInfo.domain` of every error this service returns.
+pub const ERROR_DOMAIN: &str = "opjournal.dev";
+
+/// Builds a status with one `ErrorInfo`.
+pub fn status(
+    code: Code,
+    reason: &str,
+    message: impl Into<String>,
+    metadata: HashMap<String, String>,
+) -> Status {
+    let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
+    Status::with_error_details(code, message, details)
+}
+
+impl From<JournalError> for Status {
+    fn from(error: JournalError) -> Self {
+        match error {
+            JournalError::InvalidArgument {
+                reason,
+                violation,
+                metadata,
+            } => {
+                let mut details = ErrorDetails::with_error_info(
+                    reason,
+                    ERROR_DOMAIN,
+                    metadata.into_iter().collect::<HashMap<_, _>>(),
+                );
+                details.add_bad_request_violation(violation.field, violation.description.clone());
+                Status::with_error_details(
+                    Code::InvalidArgument,
+                    format!("{}: {}", violation.field, violation.description),
+                    details,
+                )
+            }
+            JournalError::KeyReused => status(
+                Code::AlreadyExists,
+                "IDEMPOTENCY_KEY_REUSED",
+                "the idempotency key is bound to another request (other payload or action type); \
+                 the provider must not be called",
+                HashMap::new(),
+            ),
+            JournalError::LeaseLost => status(
+                Code::Aborted,
+                "LEASE_LOST",
+                "the lease behind this token ended or was taken over; nothing was changed",
+                HashMap::new(),
+            ),
+            JournalError::OutcomeAlreadyRecorded { status: current } => status(
+                Code::FailedPrecondition,
+                "OUTCOME_ALREADY_RECORDED",
+                format!("this lease already recorded another outcome; the operation is {current}"),
+                HashMap::from([("status".to_owned(), current.to_string())]),
+            ),
+            JournalError::Contention => status(
+                Code::Aborted,
+                "CONCURRENT_MODIFICATION",
+                "the operation changed concurrently; retry the call",
+                HashMap::new(),
+            ),
+            JournalError::NotFound => status(
+                Code::NotFound,
+                "OPERATION_NOT_FOUND",
+                "no operation with this key in this namespace",
+                HashMap::new(),
+            ),
+            JournalError::ActionTypeNotConfigured => {
+                let mut details = ErrorDetails::with_error_info(
+                    "ACTION_TYPE_NOT_CONFIGURED",
+                    ERROR_DOMAIN,
+                    HashMap::new(),
+                );
+                details.add_bad_request_violation(
+                    "action_type",
+                    "is not configured in the policy file",
+                );
+                Status::with_error_details(
+                    Code::InvalidArgument,
+                    "action_type: is not configured in the policy file",
+                    details,
+                )
+            }
+            JournalError::NotReconcilable { status: current, lease_live } => status(
+                Code::FailedPrecondition,
+                "OPERATION_NOT_RECONCILABLE",
+                if lease_live {
+                    "the operation is under a live lease; reconcile it after the lease ends".into()
+                } else {
+                    format!("an operation in status {current} has nothing to reconcile")
+                },
+                HashMap::from([("status".to_owned(), current.to_string())]),
+            ),
+            JournalError::NoProviderAdapter => status(
+                Code::FailedPrecondition,
+                "NO_PROVIDER_ADAPTER",
+                "the action has no provider adapter to look the operation up",
+                HashMap::new(),
+            ),
+            JournalError::StoreUnavailable(source) => {
+                tracing::warn!(error = %source, "store unavailable");
+                status(
+                    Code::Unavailable,
+                    "STORE_UNAVAILABLE",
+                    "the journal database is unavailable; retry the call later",
+                    HashMap::new(),
+                )
+            }
+            JournalError::Internal(source) => {
+                tracing::error!(error = %source, "internal error");
+                status(
+                    Code::Internal,
+                    "INTERNAL",
+                    "internal error",
+                    HashMap::new(),
+                )
+            }
+        }
+    }
+}

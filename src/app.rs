@@ -1,0 +1,125 @@
+//! Wiring shared by the binaries: build the store, policy, journal and reconciler from a
+//! [`Config`], install logging, and turn SIGTERM/SIGINT into a cancellation.
+
+use std::sync::Arc;
+
+use sqlx::migrate::MigrateDatabase as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, LogFormat};
+use crate::domain::policy::{Policy, PolicyError};
+use crate::journal::{Journal, RequestLimits};
+use crate::reconcile::adapter::AdapterError;
+use crate::reconcile::{AdapterSet, Reconciler};
+use crate::store::{JournalStore, PgStore, StoreError};
+
+/// Why a process could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The policy file is unusable.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// A provider adapter cannot be built.
+    #[error(transparent)]
+    Adapter(#[from] AdapterError),
+    /// The database cannot be prepared.
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// The journal's parts, built from a configuration.
+#[derive(Clone)]
+pub struct Components {
+    /// The Postgres store.
+    pub store: PgStore,
+    /// The journal use cases.
+    pub journal: Journal,
+    /// The reconcile path.
+    pub reconciler: Reconciler,
+}
+
+/// Loads the policy named by the configuration, or the built-in one.
+///
+/// Errors: the file is unreadable or invalid (the message names the file and setting).
+pub fn load_policy(config: &Config) -> Result<Policy, PolicyError> {
+    match &config.policy_file {
+        Some(path) => Policy::load(path),
+        None => Ok(Policy::builtin()),
+    }
+}
+
+/// Builds the components; connects lazily, so the database may still be down.
+///
+/// Errors: invalid policy, adapter or database URL.
+pub fn build(config: &Config) -> Result<Components, StartError> {
+    let policy = Arc::new(load_policy(config)?);
+    let adapters = AdapterSet::from_policy(&policy)?;
+    let store = PgStore::connect_lazy(&config.database_url, config.max_connections)?;
+    Ok(components(store, policy, adapters))
+}
+
+/// Assembles components over an existing store.
+pub fn components(store: PgStore, policy: Arc<Policy>, adapters: AdapterSet) -> Components {
+    let shared: Arc<dyn JournalStore> = Arc::new(store.clone());
+    Components {
+        journal: Journal::new(shared.clone(), policy.clone(), RequestLimits::default()),
+        reconciler: Reconciler::new(shared, policy, adapters),
+        store,
+    }
+}
+
+/// Creates the database named in `url` if it does not exist, then applies migrations.
+///
+/// Errors: the database cannot be reached or a migration fails.
+pub async fn prepare_database(url: &str, store: &PgStore) -> Result<(), StoreError> {
+    let exists = sqlx::Postgres::database_exists(url)
+        .await
+        .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+    if !exists {
+        sqlx::Postgres::create_database(url)
+            .await
+            .map_err(|e| StoreError::Other(Box::new(e)))?;
+        tracing::info!("created the journal database");
+    }
+    store.migrate().await
+}
+
+/// Installs the tracing subscriber: `RUST_LOG` filter (default `info`), text or JSON lines.
+pub fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// A token cancelled on SIGTERM or SIGINT.
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = term.recv() => tracing::info!("SIGTERM received"),
+                        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        cancel.cancel();
+    });
+    token
+}

@@ -1,0 +1,74 @@
+//! `opjournal`: the journal's gRPC server and operator commands.
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use opjournal::cli::{CommonFlags, ServeFlags};
+use opjournal::config::Config;
+use opjournal::{api, app};
+
+#[derive(Parser)]
+#[command(version, about = "An operation journal that makes side-effecting tool calls safe to retry")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OperationJournal and Reconciler gRPC services.
+    Serve(ServeFlags),
+    /// Create the database if missing and apply migrations, then exit.
+    Migrate(CommonFlags),
+    /// Validate the configuration and the policy file without starting.
+    CheckConfig(CommonFlags),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(flags) => serve(flags).await,
+        Command::Migrate(flags) => {
+            let config = Config::load(flags.config.as_ref(), &flags)?;
+            app::init_tracing(config.log_format);
+            let parts = app::build(&config)?;
+            app::prepare_database(&config.database_url, &parts.store)
+                .await
+                .context("migrate")?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::CheckConfig(flags) => {
+            let config = Config::load(flags.config.as_ref(), &flags)?;
+            app::build(&config)?;
+            println!("configuration and policy are valid");
+            Ok(())
+        }
+    }
+}
+
+async fn serve(flags: ServeFlags) -> anyhow::Result<()> {
+    let config = Config::load(flags.common.config.as_ref(), &flags)?;
+    app::init_tracing(config.log_format);
+    let parts = app::build(&config)?;
+    if config.migrate_on_start {
+        app::prepare_database(&config.database_url, &parts.store)
+            .await
+            .context("migrate on start")?;
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let address = listener.local_addr()?;
+    tracing::info!(%address, "opjournal serving gRPC");
+    println!("opjournal listening on {address}");
+    let shutdown = app::shutdown_on_signals();
+    let options = api::ServeOptions {
+        readiness_interval: Config::seconds(config.readiness_interval_seconds),
+        drain_delay: Config::seconds(config.drain_delay_seconds),
+    };
+    api::serve(parts.journal, parts.reconciler, listener, options, shutdown).await?;
+    parts.store.pool().close().await;
+    tracing::info!("stopped");
+    Ok(())
+}

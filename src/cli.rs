@@ -1,0 +1,46 @@
+//! Command-line flags shared by the binaries; each flag overrides the file and environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::config::LogFormat;
+
+/// Flags common to the server and the reconcile worker.
+#[derive(Debug, Clone, Default, clap::Args, Serialize)]
+pub struct CommonFlags {
+    /// Configuration file (TOML); settings are documented in docs/configuration.md.
+    #[arg(long, env = "OPJOURNAL_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Postgres URL [default: postgres://postgres@127.0.0.1:5432/opjournal].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database_url: Option<String>,
+    /// Action policy file (YAML).
+    #[arg(long = "policy")]
+    #[serde(rename = "policy_file", skip_serializing_if = "Option::is_none")]
+    pub policy_file: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_format: Option<LogFormat>,
+}
+
+/// Flags of `opjournal serve`.
+#[derive(Debug, Clone, Default, clap::Args, Serialize)]
+pub struct ServeFlags {
+    /// Common flags.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: CommonFlags,
+    /// gRPC listen address [default: 127.0.0.1:50051].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Create the database if missing and apply migrations before serving.
+    #[arg(long)]
+    #[serde(rename = "migrate_on_start", skip_serializing_if = "Option::is_none")]
+    pub migrate: Option<bool>,
+}

@@ -1,0 +1,119 @@
+//! The journal's error type: what a caller can act on, kept apart from internal detail.
+//!
+//! Client-facing text never carries payloads, results or internal detail; the transport maps
+//! each variant to one gRPC code and one stable `ErrorInfo` reason (see `api::status`).
+
+use std::collections::BTreeMap;
+
+use super::canonical::JsonError;
+use super::model::Status;
+
+/// One invalid request field, reported as a `google.rpc.BadRequest` field violation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldViolation {
+    /// The request field, e.g. `payload_json`.
+    pub field: &'static str,
+    /// What is wrong, without quoting the value.
+    pub description: String,
+}
+
+impl FieldViolation {
+    /// A violation of `field`.
+    pub fn new(field: &'static str, description: impl Into<String>) -> Self {
+        Self {
+            field,
+            description: description.into(),
+        }
+    }
+}
+
+/// Everything the journal can answer besides success.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Malformed input. gRPC `INVALID_ARGUMENT` with the given reason and a field violation.
+    #[error("invalid argument: {violation:?}")]
+    InvalidArgument {
+        /// Stable UPPER_SNAKE reason.
+        reason: &'static str,
+        /// The offending field.
+        violation: FieldViolation,
+        /// Extra `ErrorInfo` metadata (e.g. `json_pointer`, `rule`).
+        metadata: BTreeMap<String, String>,
+    },
+    /// Same key with another request hash or action type. `ALREADY_EXISTS`,
+    /// `IDEMPOTENCY_KEY_REUSED`; the row is left untouched.
+    #[error("idempotency key is bound to another request")]
+    KeyReused,
+    /// A report from a holder whose lease was taken over or has ended. `ABORTED`, `LEASE_LOST`.
+    #[error("the lease behind this token is no longer held")]
+    LeaseLost,
+    /// The token's lease already recorded a different outcome. `FAILED_PRECONDITION`,
+    /// `OUTCOME_ALREADY_RECORDED`.
+    #[error("this lease already recorded a different outcome")]
+    OutcomeAlreadyRecorded {
+        /// Status the operation is in.
+        status: Status,
+    },
+    /// The row kept changing under concurrent claims; nothing was written by this call.
+    /// `ABORTED`, `CONCURRENT_MODIFICATION`: retry the call.
+    #[error("concurrent modification")]
+    Contention,
+    /// No such operation. `NOT_FOUND`, `OPERATION_NOT_FOUND`.
+    #[error("operation not found")]
+    NotFound,
+    /// The action type is not in the policy file. `INVALID_ARGUMENT`, `ACTION_TYPE_NOT_CONFIGURED`.
+    #[error("action type is not configured")]
+    ActionTypeNotConfigured,
+    /// Reconcile asked for an operation that is not unknown. `FAILED_PRECONDITION`,
+    /// `OPERATION_NOT_RECONCILABLE`.
+    #[error("operation in status {status} cannot be reconciled")]
+    NotReconcilable {
+        /// Status the operation is in.
+        status: Status,
+        /// Whether a live lease is the reason.
+        lease_live: bool,
+    },
+    /// The action has no provider lookup. `FAILED_PRECONDITION`, `NO_PROVIDER_ADAPTER`.
+    #[error("action has no provider adapter")]
+    NoProviderAdapter,
+    /// The database cannot be reached. `UNAVAILABLE`, `STORE_UNAVAILABLE`.
+    #[error("store unavailable: {0}")]
+    StoreUnavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Anything else: a bug or a broken invariant. `INTERNAL`, `INTERNAL`; details go to logs only.
+    #[error("internal error: {0}")]
+    Internal(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl JournalError {
+    /// An `INVALID_ARGUMENT` with one field violation.
+    pub fn invalid(reason: &'static str, violation: FieldViolation) -> Self {
+        Self::InvalidArgument {
+            reason,
+            violation,
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    /// An `INVALID_ARGUMENT` for a JSON field that is not strict I-JSON, naming the JSON Pointer
+    /// of the offending place (RFC 6901) in the description and in `ErrorInfo` metadata.
+    pub fn invalid_json(field: &'static str, reason: &'static str, error: &JsonError) -> Self {
+        let mut metadata = BTreeMap::new();
+        metadata.insert("json_pointer".to_owned(), error.pointer.clone());
+        metadata.insert("rule".to_owned(), error.kind.rule().to_owned());
+        let at = if error.pointer.is_empty() {
+            "the top level".to_owned()
+        } else {
+            error.pointer.clone()
+        };
+        Self::InvalidArgument {
+            reason,
+            violation: FieldViolation::new(field, format!("at {at}: {}", error.kind)),
+            metadata,
+        }
+    }
+
+    /// An internal error from any source.
+    pub fn internal(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Internal(error.into())
+    }
+}

@@ -1,0 +1,311 @@
+//! Journal vocabulary as types: each parsing constructor rejects bad input once, at the edge.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+
+use super::canonical::RequestHash;
+use super::error::{FieldViolation, JournalError};
+
+/// Maximum length of an idempotency key, in characters (the article's `VARCHAR(200)`).
+pub const MAX_KEY_CHARS: usize = 200;
+/// Maximum length of a namespace, in characters.
+pub const MAX_NAMESPACE_CHARS: usize = 100;
+/// Maximum length of an action type, in characters (the article's `VARCHAR(80)`).
+pub const MAX_ACTION_TYPE_CHARS: usize = 80;
+/// Maximum length of a provider's external id, in characters.
+pub const MAX_EXTERNAL_ID_CHARS: usize = 200;
+/// Maximum length of an error code, in characters.
+pub const MAX_ERROR_CODE_CHARS: usize = 100;
+/// The namespace used when a request leaves it empty.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+fn is_identifier_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':')
+}
+
+fn check_length(field: &'static str, value: &str, max: usize) -> Result<(), JournalError> {
+    let chars = value.chars().count();
+    if chars == 0 || chars > max {
+        return Err(JournalError::invalid(
+            "INVALID_FIELD_LENGTH",
+            FieldViolation::new(field, format!("must be 1 to {max} characters long")),
+        ));
+    }
+    Ok(())
+}
+
+/// A tenant namespace: 1–100 characters of `[A-Za-z0-9._-]`; empty input means `default`.
+///
+/// Errors: `INVALID_ARGUMENT`, reason `INVALID_FIELD_LENGTH` or `INVALID_NAMESPACE`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Namespace(String);
+
+impl Namespace {
+    /// Parses the request's `namespace` field.
+    pub fn parse(value: &str) -> Result<Self, JournalError> {
+        if value.is_empty() {
+            return Ok(Self(DEFAULT_NAMESPACE.to_owned()));
+        }
+        check_length("namespace", value, MAX_NAMESPACE_CHARS)?;
+        if !value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(JournalError::invalid(
+                "INVALID_NAMESPACE",
+                FieldViolation::new("namespace", "may hold only letters, digits, '.', '_' and '-'"),
+            ));
+        }
+        Ok(Self(value.to_owned()))
+    }
+
+    /// The namespace as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An idempotency key: names one business intent, not a network attempt.
+/// 1–200 characters, no control characters.
+///
+/// Errors: `INVALID_ARGUMENT`, reason `INVALID_FIELD_LENGTH` or `INVALID_OPERATION_KEY`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OperationKey(String);
+
+impl OperationKey {
+    /// Parses the request's `operation_key` field.
+    pub fn parse(value: &str) -> Result<Self, JournalError> {
+        check_length("operation_key", value, MAX_KEY_CHARS)?;
+        if value.chars().any(char::is_control) {
+            return Err(JournalError::invalid(
+                "INVALID_OPERATION_KEY",
+                FieldViolation::new("operation_key", "must not contain control characters"),
+            ));
+        }
+        Ok(Self(value.to_owned()))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for OperationKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An action type as named in the policy file: 1–80 characters of `[A-Za-z0-9._:-]`.
+///
+/// Errors: `INVALID_ARGUMENT`, reason `INVALID_FIELD_LENGTH` or `INVALID_ACTION_TYPE`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ActionType(String);
+
+impl ActionType {
+    /// Parses the request's `action_type` field.
+    pub fn parse(value: &str) -> Result<Self, JournalError> {
+        check_length("action_type", value, MAX_ACTION_TYPE_CHARS)?;
+        if !value.chars().all(is_identifier_char) {
+            return Err(JournalError::invalid(
+                "INVALID_ACTION_TYPE",
+                FieldViolation::new(
+                    "action_type",
+                    "may hold only letters, digits, '.', '_', ':' and '-'",
+                ),
+            ));
+        }
+        Ok(Self(value.to_owned()))
+    }
+
+    /// The action type as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ActionType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A short machine code for a failure or an unknown outcome, such as `card_declined`:
+/// 1–100 characters of `[A-Za-z0-9._:-]`. Never free text, so it cannot carry personal data.
+///
+/// Errors: `INVALID_ARGUMENT`, reason `INVALID_FIELD_LENGTH` or `INVALID_ERROR_CODE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorCode(String);
+
+impl ErrorCode {
+    /// Parses an `error_code` field; empty input is `None`.
+    pub fn parse_optional(value: &str) -> Result<Option<Self>, JournalError> {
+        if value.is_empty() {
+            return Ok(None);
+        }
+        check_length("error_code", value, MAX_ERROR_CODE_CHARS)?;
+        if !value.chars().all(is_identifier_char) {
+            return Err(JournalError::invalid(
+                "INVALID_ERROR_CODE",
+                FieldViolation::new(
+                    "error_code",
+                    "may hold only letters, digits, '.', '_', ':' and '-'",
+                ),
+            ));
+        }
+        Ok(Some(Self(value.to_owned())))
+    }
+
+    /// A code set by the journal itself.
+    pub(crate) fn internal(code: &'static str) -> Self {
+        Self(code.to_owned())
+    }
+
+    /// The code as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The provider's identifier of an effect (payment id, message id): 1–200 characters,
+/// no control characters.
+///
+/// Errors: `INVALID_ARGUMENT`, reason `INVALID_FIELD_LENGTH` or `INVALID_EXTERNAL_ID`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalId(String);
+
+impl ExternalId {
+    /// Parses an `external_id` field; empty input is `None`.
+    pub fn parse_optional(value: &str) -> Result<Option<Self>, JournalError> {
+        if value.is_empty() {
+            return Ok(None);
+        }
+        check_length("external_id", value, MAX_EXTERNAL_ID_CHARS)?;
+        if value.chars().any(char::is_control) {
+            return Err(JournalError::invalid(
+                "INVALID_EXTERNAL_ID",
+                FieldViolation::new("external_id", "must not contain control characters"),
+            ));
+        }
+        Ok(Some(Self(value.to_owned())))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The state machine of the source article (step 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Registered; no provider call has started, or it was released for retry.
+    Pending,
+    /// A lease holder may be calling the provider now.
+    InProgress,
+    /// No answer was received; the effect may have happened.
+    Unknown,
+    /// The effect is confirmed. Terminal.
+    Succeeded,
+    /// Confirmed that no effect happened and none will automatically. Terminal.
+    FailedFinal,
+}
+
+impl Status {
+    /// The value stored in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::InProgress => "in_progress",
+            Self::Unknown => "unknown",
+            Self::Succeeded => "succeeded",
+            Self::FailedFinal => "failed_final",
+        }
+    }
+
+    /// Parses the `status` column.
+    pub fn from_db(value: &str) -> Option<Self> {
+        Some(match value {
+            "pending" => Self::Pending,
+            "in_progress" => Self::InProgress,
+            "unknown" => Self::Unknown,
+            "succeeded" => Self::Succeeded,
+            "failed_final" => Self::FailedFinal,
+            _ => return None,
+        })
+    }
+
+    /// Whether the status never changes again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::FailedFinal)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One journal row as read from the store, with the database clock at the time of reading.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationRecord {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// The idempotency key.
+    pub operation_key: OperationKey,
+    /// The action type the key was registered under.
+    pub action_type: ActionType,
+    /// The request hash the key is bound to.
+    pub request_hash: RequestHash,
+    /// Current status.
+    pub status: Status,
+    /// Leases granted so far; the fencing counter.
+    pub attempt_count: i32,
+    /// Random part of the current (or last) lease's fencing token.
+    pub lease_id: Option<uuid::Uuid>,
+    /// End of the current lease (database clock).
+    pub lease_until: Option<DateTime<Utc>>,
+    /// Provider's id of the effect.
+    pub external_id: Option<String>,
+    /// Stored result, canonical JSON text.
+    pub result_json: Option<String>,
+    /// Last failure or unknown-outcome code.
+    pub error_code: Option<String>,
+    /// Business links; not hashed.
+    pub references: std::collections::BTreeMap<String, String>,
+    /// When the outcome became unknown; the absence grace window counts from here.
+    pub unknown_since: Option<DateTime<Utc>>,
+    /// When the reconcile path next looks the operation up.
+    pub next_check_at: Option<DateTime<Utc>>,
+    /// Provider lookups made so far.
+    pub reconcile_attempts: i32,
+    /// First registration (database clock).
+    pub created_at: DateTime<Utc>,
+    /// Last change (database clock).
+    pub updated_at: DateTime<Utc>,
+    /// The database clock when this row was read.
+    pub observed_at: DateTime<Utc>,
+}
+
+impl OperationRecord {
+    /// Whether the row holds a lease that has not yet ended, by the database clock.
+    pub fn has_live_lease(&self) -> bool {
+        self.status == Status::InProgress
+            && self.lease_until.is_some_and(|until| until > self.observed_at)
+    }
+
+    /// Whether the row is `in_progress` with a lease that has ended: the holder may have
+    /// called the provider, so this counts as unknown (never as permission to run again).
+    pub fn has_expired_lease(&self) -> bool {
+        self.status == Status::InProgress && !self.has_live_lease()
+    }
+}

@@ -1,0 +1,456 @@
+//! The action policy: the article's `tool_policy`, one entry per action type.
+//!
+//! The rules for retries live here, in a deterministic layer, never in the model's hands:
+//! the lease an action gets, whether a timeout must be reconciled before any retry, and which
+//! provider adapter can look an operation up. Unknown settings are refused, so a typo never
+//! silently weakens a rule.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::model::ActionType;
+
+/// Default lease length, in seconds.
+pub const DEFAULT_LEASE_SECONDS: u32 = 30;
+/// Default longest lease, in seconds.
+pub const DEFAULT_MAX_LEASE_SECONDS: u32 = 3600;
+
+/// A parsed and validated policy file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Settings shared by every action.
+    #[serde(default)]
+    pub defaults: Defaults,
+    /// The policy for action types that are not listed; without it they are refused with
+    /// `INVALID_ARGUMENT`, reason `ACTION_TYPE_NOT_CONFIGURED`.
+    #[serde(default)]
+    pub default_action: Option<ActionPolicy>,
+    /// Per action type.
+    #[serde(default)]
+    pub actions: BTreeMap<String, ActionPolicy>,
+    /// Provider adapters by name, referenced from `actions.*.reconcile.adapter`.
+    #[serde(default)]
+    pub adapters: BTreeMap<String, AdapterConfig>,
+}
+
+/// Settings shared by every action.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Defaults {
+    /// Lease length when neither the request nor the action sets one, in seconds.
+    #[serde(default = "default_lease_seconds")]
+    pub lease_seconds: u32,
+    /// Longest lease any request may get, in seconds.
+    #[serde(default = "default_max_lease_seconds")]
+    pub max_lease_seconds: u32,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            lease_seconds: DEFAULT_LEASE_SECONDS,
+            max_lease_seconds: DEFAULT_MAX_LEASE_SECONDS,
+        }
+    }
+}
+
+fn default_lease_seconds() -> u32 {
+    DEFAULT_LEASE_SECONDS
+}
+fn default_max_lease_seconds() -> u32 {
+    DEFAULT_MAX_LEASE_SECONDS
+}
+
+/// The rules for one action type.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionPolicy {
+    /// Lease length for this action, in seconds; `defaults.lease_seconds` when absent.
+    #[serde(default)]
+    pub lease_seconds: Option<u32>,
+    /// What a retry may do.
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// How unknown outcomes are looked up.
+    #[serde(default)]
+    pub reconcile: ReconcilePolicy,
+}
+
+impl ActionPolicy {
+    /// Whether the provider deduplicates by our key, so that an unknown operation (or an
+    /// expired lease) may be claimed again with the same key without reconciling first.
+    pub fn provider_deduplicates(&self) -> bool {
+        self.retry.on_timeout == OnTimeout::RetryWithSameKey
+    }
+}
+
+/// The article's `retry` block.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Must be `true`: a retry of the same intent always reuses its key (article, step 1).
+    #[serde(default = "yes")]
+    pub reuse_operation_key: bool,
+    /// What a timeout allows.
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            reuse_operation_key: true,
+            on_timeout: OnTimeout::default(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What a timeout allows (the article's `on_timeout`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// Unknown stays unknown until the provider is asked (the safe default).
+    #[default]
+    ReconcileBeforeRetry,
+    /// The provider deduplicates by our idempotency key, so a retry with the same key is safe.
+    RetryWithSameKey,
+}
+
+/// When and how the reconcile path looks an unknown operation up.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcilePolicy {
+    /// Name of an entry in `adapters`; absent means no lookup is possible.
+    #[serde(default)]
+    pub adapter: Option<String>,
+    /// Delay before the first lookup after an unknown outcome, in seconds.
+    #[serde(default = "default_first_check")]
+    pub first_check_after_seconds: u32,
+    /// Delay between lookups, in seconds.
+    #[serde(default = "default_interval")]
+    pub interval_seconds: u32,
+    /// How long after the last attempt "not found" may still change (indexing lag), in
+    /// seconds; absence counts as definitive only after it, and only from a complete search.
+    #[serde(default = "default_grace")]
+    pub absence_grace_seconds: u32,
+}
+
+impl Default for ReconcilePolicy {
+    fn default() -> Self {
+        Self {
+            adapter: None,
+            first_check_after_seconds: default_first_check(),
+            interval_seconds: default_interval(),
+            absence_grace_seconds: default_grace(),
+        }
+    }
+}
+
+fn default_first_check() -> u32 {
+    5
+}
+fn default_interval() -> u32 {
+    30
+}
+fn default_grace() -> u32 {
+    300
+}
+
+/// A provider adapter: how to ask a provider what happened to an operation.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AdapterConfig {
+    /// A JSON-over-HTTP lookup by idempotency key or external id.
+    Http(HttpAdapterConfig),
+    /// No lookup is possible (e.g. e-mail without search).
+    None,
+}
+
+/// A JSON-over-HTTP lookup.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpAdapterConfig {
+    /// URL template; `{operation_key}`, `{external_id}` and `{namespace}` are replaced by the
+    /// percent-encoded values. A template with `{external_id}` is used only when the
+    /// operation has one.
+    pub url: String,
+    /// Request headers whose values come from the environment, never from the file.
+    #[serde(default)]
+    pub headers: BTreeMap<String, HeaderFromEnv>,
+    /// Lookup timeout, in seconds.
+    #[serde(default = "default_timeout")]
+    pub timeout_seconds: f64,
+    /// Whether the provider guarantees its search is complete and current, so that
+    /// "not found" (after the grace window) proves absence.
+    #[serde(default)]
+    pub search_complete: bool,
+    /// HTTP statuses that mean "not found".
+    #[serde(default = "default_absent")]
+    pub absent_statuses: Vec<u16>,
+    /// How to read a found object.
+    #[serde(default)]
+    pub response: ResponseMapping,
+}
+
+fn default_timeout() -> f64 {
+    5.0
+}
+fn default_absent() -> Vec<u16> {
+    vec![404]
+}
+
+/// A header value taken from an environment variable.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderFromEnv {
+    /// Name of the environment variable holding the value.
+    pub env: String,
+    /// Text put before the value, e.g. `"Bearer "`.
+    #[serde(default)]
+    pub prefix: String,
+}
+
+/// JSON Pointers (RFC 6901) into a found object.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseMapping {
+    /// Where the object's status is; absent means any found object completed.
+    #[serde(default)]
+    pub status_pointer: Option<String>,
+    /// Status values meaning the effect completed.
+    #[serde(default)]
+    pub succeeded_values: Vec<String>,
+    /// Status values meaning the operation failed definitively (no effect).
+    #[serde(default)]
+    pub failed_values: Vec<String>,
+    /// Where the provider's id of the effect is.
+    #[serde(default)]
+    pub external_id_pointer: Option<String>,
+    /// Fields kept as the stored result, each a JSON Pointer; the result object is keyed by
+    /// each pointer's last segment. Nothing else of the provider's answer is stored.
+    #[serde(default)]
+    pub keep_fields: Vec<String>,
+}
+
+/// A policy file that cannot be used; the message names the file and the setting.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct PolicyError {
+    /// The file.
+    pub file: String,
+    /// What is wrong, naming the setting (and, for syntax errors, the line).
+    pub message: String,
+}
+
+impl Policy {
+    /// The policy used without a file: every action type is allowed, timeouts are
+    /// reconciled before retry, and there is no provider lookup.
+    pub fn builtin() -> Self {
+        Self {
+            defaults: Defaults::default(),
+            default_action: Some(ActionPolicy::default()),
+            actions: BTreeMap::new(),
+            adapters: BTreeMap::new(),
+        }
+    }
+
+    /// Reads, parses and validates a policy file.
+    pub fn load(path: &Path) -> Result<Self, PolicyError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| PolicyError {
+            file: file.clone(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&text, &file)
+    }
+
+    /// Parses and validates policy text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Self, PolicyError> {
+        let policy: Self = serde_saphyr::from_str(text).map_err(|e| PolicyError {
+            file: file.to_owned(),
+            message: e.to_string(),
+        })?;
+        policy.validate().map_err(|message| PolicyError {
+            file: file.to_owned(),
+            message,
+        })?;
+        Ok(policy)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.defaults.max_lease_seconds == 0 {
+            return Err("defaults.max_lease_seconds: must be at least 1".into());
+        }
+        let entries = self
+            .actions
+            .iter()
+            .map(|(name, action)| (format!("actions.{name}"), Some(name), action))
+            .chain(
+                self.default_action
+                    .iter()
+                    .map(|a| ("default_action".to_owned(), None, a)),
+            );
+        for (path, name, action) in entries {
+            if let Some(name) = name {
+                ActionType::parse(name)
+                    .map_err(|_| format!("{path}: not a valid action type name"))?;
+            }
+            if !action.retry.reuse_operation_key {
+                return Err(format!(
+                    "{path}.retry.reuse_operation_key: must be true (a retry of the same intent reuses its key)"
+                ));
+            }
+            if action.reconcile.interval_seconds == 0 {
+                return Err(format!("{path}.reconcile.interval_seconds: must be at least 1"));
+            }
+            if let Some(adapter) = &action.reconcile.adapter {
+                if !self.adapters.contains_key(adapter) {
+                    return Err(format!(
+                        "{path}.reconcile.adapter: no adapter named '{adapter}' in adapters"
+                    ));
+                }
+            }
+        }
+        for (name, adapter) in &self.adapters {
+            if let AdapterConfig::Http(http) = adapter {
+                validate_http(http).map_err(|m| format!("adapters.{name}.{m}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy for an action type, or `None` when it is not configured.
+    pub fn action(&self, action_type: &ActionType) -> Option<&ActionPolicy> {
+        self.actions
+            .get(action_type.as_str())
+            .or(self.default_action.as_ref())
+    }
+
+    /// The adapter configured for an action, if any.
+    pub fn adapter_for(&self, action: &ActionPolicy) -> Option<(&str, &AdapterConfig)> {
+        let name = action.reconcile.adapter.as_deref()?;
+        self.adapters.get_key_value(name).map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Lease length for an action, in seconds.
+    pub fn default_lease_seconds(&self, action: &ActionPolicy) -> u32 {
+        action.lease_seconds.unwrap_or(self.defaults.lease_seconds)
+    }
+}
+
+fn validate_http(http: &HttpAdapterConfig) -> Result<(), String> {
+    if !(http.url.starts_with("http://") || http.url.starts_with("https://")) {
+        return Err("url: must start with http:// or https://".into());
+    }
+    if !http.url.contains("{operation_key}") && !http.url.contains("{external_id}") {
+        return Err("url: must contain {operation_key} or {external_id}".into());
+    }
+    if !(http.timeout_seconds > 0.0 && http.timeout_seconds <= 300.0) {
+        return Err("timeout_seconds: must be greater than 0 and at most 300".into());
+    }
+    let pointers = http
+        .response
+        .status_pointer
+        .iter()
+        .chain(http.response.external_id_pointer.iter())
+        .chain(http.response.keep_fields.iter());
+    for pointer in pointers {
+        if !pointer.starts_with('/') {
+            return Err(format!(
+                "response: '{pointer}' is not a JSON Pointer (must start with '/')"
+            ));
+        }
+    }
+    for (header, source) in &http.headers {
+        if source.env.is_empty() {
+            return Err(format!("headers.{header}.env: must name an environment variable"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+defaults:
+  lease_seconds: 20
+actions:
+  create_payment:
+    lease_seconds: 30
+    retry:
+      reuse_operation_key: true
+      on_timeout: reconcile_before_retry
+    reconcile:
+      adapter: payments
+      absence_grace_seconds: 60
+  charge_deduplicated:
+    retry:
+      on_timeout: retry_with_same_key
+adapters:
+  payments:
+    kind: http
+    url: "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{operation_key}"
+    search_complete: true
+    response:
+      status_pointer: /status
+      succeeded_values: [succeeded]
+      external_id_pointer: /id
+      keep_fields: [/id, /status]
+"#;
+
+    #[test]
+    fn the_example_policy_parses_with_its_defaults() {
+        let policy = Policy::parse(EXAMPLE, "policy.yaml").unwrap();
+        let pay = policy
+            .action(&ActionType::parse("create_payment").unwrap())
+            .unwrap();
+        assert_eq!(policy.default_lease_seconds(pay), 30);
+        assert!(!pay.provider_deduplicates());
+        assert_eq!(pay.reconcile.first_check_after_seconds, 5);
+        assert!(matches!(
+            policy.adapter_for(pay),
+            Some(("payments", AdapterConfig::Http(_)))
+        ));
+        let dedup = policy
+            .action(&ActionType::parse("charge_deduplicated").unwrap())
+            .unwrap();
+        assert!(dedup.provider_deduplicates());
+        assert_eq!(policy.default_lease_seconds(dedup), 20);
+        assert!(
+            policy
+                .action(&ActionType::parse("send_fax").unwrap())
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_typo_in_a_setting_is_refused_with_its_name() {
+        let text = EXAMPLE.replace("lease_seconds: 30", "lease_secs: 30");
+        let err = Policy::parse(&text, "policy.yaml").unwrap_err();
+        assert!(err.to_string().contains("lease_secs"), "{err}");
+        assert!(err.to_string().starts_with("policy.yaml"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_adapter_reference_is_refused() {
+        let text = EXAMPLE.replace("adapter: payments", "adapter: nowhere");
+        let err = Policy::parse(&text, "policy.yaml").unwrap_err();
+        assert!(err.message.contains("actions.create_payment.reconcile.adapter"), "{err}");
+    }
+
+    #[test]
+    fn a_wrong_type_is_refused() {
+        let text = EXAMPLE.replace("lease_seconds: 30", "lease_seconds: thirty");
+        assert!(Policy::parse(&text, "policy.yaml").is_err());
+    }
+}

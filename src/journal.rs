@@ -1,0 +1,519 @@
+//! The journal's use cases: Begin, the lease holder's reports, reads.
+//!
+//! This layer turns raw request fields into domain types (refusing bad input before anything
+//! is written), applies the action policy and the Begin decision, and interprets a failed
+//! compare-and-set by re-reading the row. It knows the storage trait, not SQL or gRPC.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::domain::canonical::{self, Limits, RequestHash};
+use crate::domain::error::{FieldViolation, JournalError};
+use crate::domain::lease::{self, BeginVerdict, LeaseToken};
+use crate::domain::model::{
+    ActionType, ErrorCode, ExternalId, Namespace, OperationKey, OperationRecord, Status,
+};
+use crate::domain::policy::Policy;
+use crate::store::{JournalStore, ListQuery, NewOperation, Settlement};
+
+/// Size limits on request fields, in bytes.
+#[derive(Debug, Clone)]
+pub struct RequestLimits {
+    /// Largest `payload_json`, in bytes.
+    pub max_payload_bytes: usize,
+    /// Largest `result_json`, in bytes.
+    pub max_result_bytes: usize,
+    /// Deepest JSON nesting.
+    pub max_json_depth: usize,
+    /// Most entries in `references`.
+    pub max_references: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 256 * 1024,
+            max_result_bytes: 64 * 1024,
+            max_json_depth: 32,
+            max_references: 16,
+        }
+    }
+}
+
+/// Default and largest page of `ListOperations`.
+pub const DEFAULT_PAGE_SIZE: i64 = 50;
+/// Largest page of `ListOperations`.
+pub const MAX_PAGE_SIZE: i64 = 500;
+const MAX_CLAIM_ROUNDS: usize = 4;
+
+/// A validated Begin request.
+#[derive(Debug, Clone)]
+pub struct BeginCommand {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// The idempotency key.
+    pub operation_key: OperationKey,
+    /// The action type.
+    pub action_type: ActionType,
+    /// Hash of the canonical action type and payload.
+    pub request_hash: RequestHash,
+    /// Requested lease, seconds (0 = the action's default).
+    pub lease_seconds: i32,
+    /// Business links.
+    pub references: BTreeMap<String, String>,
+}
+
+/// The Begin answer.
+#[derive(Debug, Clone)]
+pub enum BeginOutcome {
+    /// The caller holds a new lease: call the provider, then report with the token.
+    Execute {
+        /// The record, `in_progress`.
+        record: OperationRecord,
+        /// The fencing token of the lease.
+        token: LeaseToken,
+    },
+    /// Terminal: return the stored outcome.
+    Replay(OperationRecord),
+    /// Another holder's lease is live for `retry_after`.
+    InProgress {
+        /// The record.
+        record: OperationRecord,
+        /// Time left on the live lease.
+        retry_after: Duration,
+    },
+    /// Unknown outcome: reconcile before any retry.
+    VerificationRequired(OperationRecord),
+}
+
+/// The journal over a store and a policy.
+#[derive(Clone)]
+pub struct Journal {
+    store: Arc<dyn JournalStore>,
+    policy: Arc<Policy>,
+    limits: RequestLimits,
+}
+
+impl Journal {
+    /// A journal over `store` applying `policy`.
+    pub fn new(store: Arc<dyn JournalStore>, policy: Arc<Policy>, limits: RequestLimits) -> Self {
+        Self {
+            store,
+            policy,
+            limits,
+        }
+    }
+
+    /// The store behind the journal.
+    pub fn store(&self) -> &Arc<dyn JournalStore> {
+        &self.store
+    }
+
+    /// The action policy.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    /// Validates raw Begin fields and computes the request hash (RFC 8785 canonical form of
+    /// `{"action_type", "payload"}`, SHA-256). Nothing is written.
+    ///
+    /// Errors: `INVALID_ARGUMENT` with a field violation (`INVALID_PAYLOAD` names the JSON
+    /// Pointer of the offending place in metadata `json_pointer`).
+    pub fn parse_begin(
+        &self,
+        namespace: &str,
+        operation_key: &str,
+        action_type: &str,
+        payload_json: &str,
+        lease_seconds: i32,
+        references: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<BeginCommand, JournalError> {
+        let namespace = Namespace::parse(namespace)?;
+        let operation_key = OperationKey::parse(operation_key)?;
+        let action_type = ActionType::parse(action_type)?;
+        let json_limits = Limits {
+            max_bytes: self.limits.max_payload_bytes,
+            max_depth: self.limits.max_json_depth,
+        };
+        let payload = canonical::parse_object(payload_json, &json_limits)
+            .map_err(|e| JournalError::invalid_json("payload_json", "INVALID_PAYLOAD", &e))?;
+        let request_hash = RequestHash::compute(action_type.as_str(), &payload);
+        let references = parse_references(references, self.limits.max_references)?;
+        Ok(BeginCommand {
+            namespace,
+            operation_key,
+            action_type,
+            request_hash,
+            lease_seconds,
+            references,
+        })
+    }
+
+    /// Registers the intent and, where the rules allow, claims a lease (article, step 4).
+    ///
+    /// Errors: `ALREADY_EXISTS`/`IDEMPOTENCY_KEY_REUSED` when the key is bound to another
+    /// request hash or action type (the row is left untouched); `INVALID_ARGUMENT`/
+    /// `ACTION_TYPE_NOT_CONFIGURED`; `UNAVAILABLE`/`STORE_UNAVAILABLE`.
+    pub async fn begin(&self, command: BeginCommand) -> Result<BeginOutcome, JournalError> {
+        let action = self
+            .policy
+            .action(&command.action_type)
+            .ok_or(JournalError::ActionTypeNotConfigured)?;
+        let lease = lease::lease_duration(
+            command.lease_seconds,
+            self.policy.default_lease_seconds(action),
+            self.policy.defaults.max_lease_seconds,
+        );
+        for _ in 0..MAX_CLAIM_ROUNDS {
+            let new = NewOperation {
+                namespace: command.namespace.clone(),
+                operation_key: command.operation_key.clone(),
+                action_type: command.action_type.clone(),
+                request_hash: command.request_hash,
+                references: command.references.clone(),
+                lease,
+                lease_id: Uuid::new_v4(),
+            };
+            if let Some(record) = self.store.insert_and_claim(&new).await? {
+                return Ok(execute(record, new.lease_id));
+            }
+            let Some(row) = self
+                .store
+                .get(&command.namespace, &command.operation_key)
+                .await?
+            else {
+                continue; // removed between the two statements: register again
+            };
+            match lease::decide(
+                &row,
+                &command.action_type,
+                &command.request_hash,
+                action.provider_deduplicates(),
+            ) {
+                BeginVerdict::Conflict => return Err(JournalError::KeyReused),
+                BeginVerdict::Replay => return Ok(BeginOutcome::Replay(row)),
+                BeginVerdict::InProgress(retry_after) => {
+                    return Ok(BeginOutcome::InProgress {
+                        record: row,
+                        retry_after,
+                    });
+                }
+                BeginVerdict::VerificationRequired => {
+                    return Ok(BeginOutcome::VerificationRequired(row));
+                }
+                BeginVerdict::Claim {
+                    expected_status,
+                    expected_attempt,
+                } => {
+                    let lease_id = Uuid::new_v4();
+                    let claimed = self
+                        .store
+                        .claim(
+                            &row.namespace,
+                            &row.operation_key,
+                            expected_status,
+                            expected_attempt,
+                            lease,
+                            lease_id,
+                        )
+                        .await?;
+                    if let Some(record) = claimed {
+                        return Ok(execute(record, lease_id));
+                    }
+                    // Someone else changed the row first: read it again and decide again.
+                }
+            }
+        }
+        Err(JournalError::Contention)
+    }
+
+    /// Records a confirmed success: -> `succeeded` (article, step 6).
+    ///
+    /// `result_json` is any JSON value as text (empty = no result body); it is stored in its
+    /// RFC 8785 canonical form. Errors: `ABORTED`/`LEASE_LOST`,
+    /// `FAILED_PRECONDITION`/`OUTCOME_ALREADY_RECORDED`, `NOT_FOUND`/`OPERATION_NOT_FOUND`,
+    /// `INVALID_ARGUMENT`.
+    pub async fn complete(
+        &self,
+        lease_token: &str,
+        external_id: &str,
+        result_json: &str,
+    ) -> Result<OperationRecord, JournalError> {
+        let token = LeaseToken::parse(lease_token)?;
+        let external_id = ExternalId::parse_optional(external_id)?;
+        let result_json = if result_json.is_empty() {
+            None
+        } else {
+            let limits = Limits {
+                max_bytes: self.limits.max_result_bytes,
+                max_depth: self.limits.max_json_depth,
+            };
+            let value = canonical::parse_strict(result_json, &limits)
+                .map_err(|e| JournalError::invalid_json("result_json", "INVALID_RESULT", &e))?;
+            Some(canonical::canonicalize(&value))
+        };
+        self.settle(
+            &token,
+            Settlement::Succeeded {
+                external_id,
+                result_json,
+            },
+        )
+        .await
+    }
+
+    /// Records a definitive rejection that proves no effect: -> `failed_final`.
+    ///
+    /// Errors: as [`Journal::complete`]; `error_code` is required.
+    pub async fn fail(
+        &self,
+        lease_token: &str,
+        error_code: &str,
+    ) -> Result<OperationRecord, JournalError> {
+        let token = LeaseToken::parse(lease_token)?;
+        let error_code = ErrorCode::parse_optional(error_code)?.ok_or_else(|| {
+            JournalError::invalid(
+                "INVALID_FIELD_LENGTH",
+                FieldViolation::new("error_code", "is required for a definitive failure"),
+            )
+        })?;
+        self.settle(&token, Settlement::FailedFinal { error_code })
+            .await
+    }
+
+    /// Records that the outcome is not known: -> `unknown`; the first reconcile lookup is
+    /// scheduled after the action's `first_check_after_seconds`.
+    ///
+    /// Errors: as [`Journal::complete`].
+    pub async fn report_unknown(
+        &self,
+        lease_token: &str,
+        error_code: &str,
+    ) -> Result<OperationRecord, JournalError> {
+        let token = LeaseToken::parse(lease_token)?;
+        let error_code = ErrorCode::parse_optional(error_code)?
+            .or_else(|| Some(ErrorCode::internal("unknown_outcome")));
+        let first_check_after = match self.store.get(&token.namespace, &token.operation_key).await? {
+            Some(row) => self
+                .policy
+                .action(&row.action_type)
+                .map(|a| Duration::from_secs(u64::from(a.reconcile.first_check_after_seconds)))
+                .unwrap_or_default(),
+            None => return Err(JournalError::NotFound),
+        };
+        self.settle(
+            &token,
+            Settlement::Unknown {
+                error_code,
+                first_check_after,
+            },
+        )
+        .await
+    }
+
+    async fn settle(
+        &self,
+        token: &LeaseToken,
+        settlement: Settlement,
+    ) -> Result<OperationRecord, JournalError> {
+        if let Some(record) = self.store.settle(token, &settlement).await? {
+            return Ok(record);
+        }
+        let row = self
+            .store
+            .get(&token.namespace, &token.operation_key)
+            .await?
+            .ok_or(JournalError::NotFound)?;
+        if row.attempt_count != token.attempt || row.lease_id != Some(token.lease_id) {
+            return Err(JournalError::LeaseLost);
+        }
+        if settlement.already_recorded_in(&row) {
+            return Ok(row); // a retried report after its commit
+        }
+        Err(JournalError::OutcomeAlreadyRecorded { status: row.status })
+    }
+
+    /// Extends a live lease to `lease_seconds` from now (0 or less gets the minimum).
+    ///
+    /// Errors: `ABORTED`/`LEASE_LOST` when the lease ended or was taken over;
+    /// `NOT_FOUND`/`OPERATION_NOT_FOUND`; `INVALID_ARGUMENT`/`INVALID_LEASE_TOKEN`.
+    pub async fn renew(
+        &self,
+        lease_token: &str,
+        lease_seconds: i32,
+    ) -> Result<OperationRecord, JournalError> {
+        let token = LeaseToken::parse(lease_token)?;
+        let lease = lease::renewal_duration(lease_seconds, self.policy.defaults.max_lease_seconds);
+        if let Some(record) = self.store.renew(&token, lease).await? {
+            return Ok(record);
+        }
+        match self.store.get(&token.namespace, &token.operation_key).await? {
+            None => Err(JournalError::NotFound),
+            Some(_) => Err(JournalError::LeaseLost),
+        }
+    }
+
+    /// Reads one operation. Errors: `NOT_FOUND`/`OPERATION_NOT_FOUND`, `INVALID_ARGUMENT`.
+    pub async fn get(
+        &self,
+        namespace: &str,
+        operation_key: &str,
+    ) -> Result<OperationRecord, JournalError> {
+        let namespace = Namespace::parse(namespace)?;
+        let key = OperationKey::parse(operation_key)?;
+        self.store
+            .get(&namespace, &key)
+            .await?
+            .ok_or(JournalError::NotFound)
+    }
+
+    /// Lists operations newest first; returns the page and the next page token (empty at the
+    /// end). `page_size` 0 means 50; the largest page is 500.
+    ///
+    /// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN` for a token from other filters.
+    pub async fn list(
+        &self,
+        namespace: &str,
+        status: Option<Status>,
+        action_type: &str,
+        page_size: i32,
+        page_token: &str,
+    ) -> Result<(Vec<OperationRecord>, String), JournalError> {
+        let namespace = Namespace::parse(namespace)?;
+        let action_type = if action_type.is_empty() {
+            None
+        } else {
+            Some(ActionType::parse(action_type)?)
+        };
+        let limit = match page_size {
+            n if n < 0 => {
+                return Err(JournalError::invalid(
+                    "INVALID_PAGE_SIZE",
+                    FieldViolation::new("page_size", "must not be negative"),
+                ));
+            }
+            0 => DEFAULT_PAGE_SIZE,
+            n => i64::from(n).min(MAX_PAGE_SIZE),
+        };
+        let filters = format!(
+            "{}|{}|{}",
+            namespace,
+            status.map(Status::as_str).unwrap_or(""),
+            action_type.as_ref().map(ActionType::as_str).unwrap_or("")
+        );
+        let after = if page_token.is_empty() {
+            None
+        } else {
+            Some(PageToken::decode(page_token, &filters)?)
+        };
+        let mut rows = self
+            .store
+            .list(&ListQuery {
+                namespace,
+                status,
+                action_type,
+                after,
+                limit: limit + 1,
+            })
+            .await?;
+        let next = if rows.len() as i64 > limit {
+            rows.truncate(limit as usize);
+            rows.last()
+                .map(|last| PageToken::encode(last.created_at, last.operation_key.as_str(), &filters))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok((rows, next))
+    }
+}
+
+fn execute(record: OperationRecord, lease_id: Uuid) -> BeginOutcome {
+    let token = LeaseToken {
+        namespace: record.namespace.clone(),
+        operation_key: record.operation_key.clone(),
+        attempt: record.attempt_count,
+        lease_id,
+    };
+    BeginOutcome::Execute { record, token }
+}
+
+fn parse_references(
+    references: impl IntoIterator<Item = (String, String)>,
+    max: usize,
+) -> Result<BTreeMap<String, String>, JournalError> {
+    let invalid = |description: &str| {
+        JournalError::invalid(
+            "INVALID_REFERENCES",
+            FieldViolation::new("references", description),
+        )
+    };
+    let map: BTreeMap<String, String> = references.into_iter().collect();
+    if map.len() > max {
+        return Err(invalid(&format!("at most {max} entries")));
+    }
+    for (name, value) in &map {
+        let name_ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !name_ok {
+            return Err(invalid(
+                "names must be 1-64 characters of letters, digits, '_', '-' and '.'",
+            ));
+        }
+        if value.chars().count() > 200 || value.chars().any(char::is_control) {
+            return Err(invalid(
+                "values must be at most 200 characters without control characters",
+            ));
+        }
+    }
+    Ok(map)
+}
+
+/// An opaque keyset position bound to the filters it was made for.
+struct PageToken;
+
+impl PageToken {
+    fn fingerprint(filters: &str) -> String {
+        use sha2::Digest as _;
+        hex::encode(&sha2::Sha256::digest(filters.as_bytes())[..8])
+    }
+
+    fn encode(created_at: DateTime<Utc>, key: &str, filters: &str) -> String {
+        let body = serde_json::json!({
+            "c": created_at.timestamp_micros(),
+            "k": key,
+            "f": Self::fingerprint(filters),
+        });
+        URL_SAFE_NO_PAD.encode(body.to_string())
+    }
+
+    fn decode(token: &str, filters: &str) -> Result<(DateTime<Utc>, String), JournalError> {
+        let invalid = || {
+            JournalError::invalid(
+                "INVALID_PAGE_TOKEN",
+                FieldViolation::new(
+                    "page_token",
+                    "is not a next_page_token of a call with the same filters",
+                ),
+            )
+        };
+        let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| invalid())?;
+        let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| invalid())?;
+        if body.get("f").and_then(serde_json::Value::as_str) != Some(&Self::fingerprint(filters)) {
+            return Err(invalid());
+        }
+        let micros = body.get("c").and_then(serde_json::Value::as_i64).ok_or_else(invalid)?;
+        let key = body.get("k").and_then(serde_json::Value::as_str).ok_or_else(invalid)?;
+        let created_at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?;
+        Ok((created_at, key.to_owned()))
+    }
+}

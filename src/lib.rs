@@ -1,0 +1,18 @@
+//! opjournal: an operation journal that makes side-effecting tool calls safe to retry.
+//!
+//! The crate is layered: [`domain`] holds the state machine, request hashing, leases and
+//! policy and knows nothing of gRPC or SQL; [`store`] persists the journal behind the
+//! [`store::JournalStore`] trait; [`journal`] holds the use cases; [`reconcile`] asks
+//! providers what really happened through provider adapters; [`api`] exposes it all over
+//! gRPC. [`sandbox`] is a fake HTTP provider for tests, demos and local stands.
+
+pub mod api;
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod domain;
+pub mod journal;
+pub mod proto;
+pub mod reconcile;
+// pub mod sandbox;
+pub mod store;

@@ -1,0 +1,286 @@
+//! Provider adapters: how to ask a provider what really happened to an operation.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde_json::Value;
+
+use crate::domain::canonical;
+use crate::domain::policy::{AdapterConfig, HttpAdapterConfig, Policy};
+
+/// What the reconcile path asks a provider about.
+#[derive(Debug, Clone)]
+pub struct LookupRequest {
+    /// Tenant namespace.
+    pub namespace: String,
+    /// The idempotency key passed to the provider.
+    pub operation_key: String,
+    /// The action type.
+    pub action_type: String,
+    /// The provider's id, when one was recorded.
+    pub external_id: Option<String>,
+}
+
+/// What a provider said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// The effect exists and completed.
+    Succeeded {
+        /// Provider's id of the effect.
+        external_id: Option<String>,
+        /// The kept result fields, canonical JSON text.
+        result_json: Option<String>,
+    },
+    /// The operation exists and failed definitively.
+    Failed {
+        /// Short machine code.
+        code: String,
+    },
+    /// The operation exists but has not finished.
+    Pending,
+    /// Not found; `search_complete` says whether the provider guarantees its search is
+    /// complete (absence still proves nothing inside the grace window).
+    NotFound {
+        /// Whether the search is declared complete.
+        search_complete: bool,
+    },
+    /// The lookup itself failed; nothing was learned.
+    LookupFailed {
+        /// Short machine code, e.g. `timeout` or `http_500`.
+        code: String,
+    },
+}
+
+/// A way to look operations up at one provider.
+#[async_trait]
+pub trait ProviderAdapter: Send + Sync {
+    /// Looks the operation up. Never fails: a failed lookup is an observation.
+    async fn lookup(&self, request: &LookupRequest) -> Observation;
+}
+
+/// The adapters of a policy, built once at start.
+#[derive(Clone, Default)]
+pub struct AdapterSet {
+    adapters: BTreeMap<String, Arc<dyn ProviderAdapter>>,
+}
+
+/// An adapter that cannot be built (e.g. a header's environment variable is not set).
+#[derive(Debug, thiserror::Error)]
+#[error("adapters.{adapter}: {message}")]
+pub struct AdapterError {
+    /// The adapter's name.
+    pub adapter: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl AdapterSet {
+    /// Builds every adapter of `policy`. Header values are read from the environment now.
+    ///
+    /// Errors: a missing environment variable or an unusable HTTP client.
+    pub fn from_policy(policy: &Policy) -> Result<Self, AdapterError> {
+        let mut adapters: BTreeMap<String, Arc<dyn ProviderAdapter>> = BTreeMap::new();
+        for (name, config) in &policy.adapters {
+            if let AdapterConfig::Http(http) = config {
+                let adapter = HttpAdapter::new(http.clone()).map_err(|message| AdapterError {
+                    adapter: name.clone(),
+                    message,
+                })?;
+                adapters.insert(name.clone(), Arc::new(adapter));
+            }
+        }
+        Ok(Self { adapters })
+    }
+
+    /// Adds or replaces an adapter (for adapters not described by the policy file).
+    pub fn insert(&mut self, name: impl Into<String>, adapter: Arc<dyn ProviderAdapter>) {
+        self.adapters.insert(name.into(), adapter);
+    }
+
+    /// The adapter named `name`, if it can look anything up.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn ProviderAdapter>> {
+        self.adapters.get(name)
+    }
+}
+
+/// Characters left as they are in a URL path segment: RFC 3986 unreserved.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Largest provider answer read, in bytes.
+const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+
+/// A JSON-over-HTTP lookup by idempotency key or external id.
+pub struct HttpAdapter {
+    config: HttpAdapterConfig,
+    client: reqwest::Client,
+    headers: reqwest::header::HeaderMap,
+}
+
+impl HttpAdapter {
+    /// Builds the adapter; header values are read from the environment now.
+    ///
+    /// Errors: a message naming the missing variable or the bad header.
+    pub fn new(config: HttpAdapterConfig) -> Result<Self, String> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (name, source) in &config.headers {
+            let value = std::env::var(&source.env).map_err(|_| {
+                format!("headers.{name}: environment variable {} is not set", source.env)
+            })?;
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("headers.{name}: not a valid header name"))?;
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("{}{value}", source.prefix))
+                .map_err(|_| format!("headers.{name}: the value is not a valid header value"))?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs_f64(config.timeout_seconds))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Self {
+            config,
+            client,
+            headers,
+        })
+    }
+
+    fn url(&self, request: &LookupRequest) -> Option<String> {
+        let template = &self.config.url;
+        if template.contains("{external_id}") && request.external_id.is_none() {
+            return None;
+        }
+        let encode = |v: &str| utf8_percent_encode(v, SEGMENT).to_string();
+        Some(
+            template
+                .replace("{operation_key}", &encode(&request.operation_key))
+                .replace("{namespace}", &encode(&request.namespace))
+                .replace(
+                    "{external_id}",
+                    &encode(request.external_id.as_deref().unwrap_or_default()),
+                ),
+        )
+    }
+
+    fn read_found(&self, body: &Value) -> Observation {
+        let mapping = &self.config.response;
+        let text_at = |pointer: &Option<String>| {
+            pointer
+                .as_deref()
+                .and_then(|p| body.pointer(p))
+                .and_then(|v| match v {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Number(n) => Some(n.to_string()),
+                    _ => None,
+                })
+        };
+        let status = text_at(&mapping.status_pointer);
+        if let Some(status) = &status {
+            if mapping.failed_values.contains(status) {
+                return Observation::Failed {
+                    code: format!("provider_{}", sanitize_code(status)),
+                };
+            }
+            if !mapping.succeeded_values.contains(status) {
+                return Observation::Pending;
+            }
+        } else if mapping.status_pointer.is_some() {
+            return Observation::LookupFailed {
+                code: "status_missing".into(),
+            };
+        }
+        let kept: serde_json::Map<String, Value> = mapping
+            .keep_fields
+            .iter()
+            .filter_map(|pointer| {
+                let name = pointer.rsplit('/').next().unwrap_or(pointer);
+                body.pointer(pointer).map(|v| (name.to_owned(), v.clone()))
+            })
+            .collect();
+        Observation::Succeeded {
+            external_id: text_at(&mapping.external_id_pointer),
+            result_json: (!mapping.keep_fields.is_empty())
+                .then(|| canonical::canonicalize(&Value::Object(kept))),
+        }
+    }
+}
+
+fn sanitize_code(value: &str) -> String {
+    value
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        .take(60)
+        .collect()
+}
+
+#[async_trait]
+impl ProviderAdapter for HttpAdapter {
+    async fn lookup(&self, request: &LookupRequest) -> Observation {
+        let Some(url) = self.url(request) else {
+            return Observation::LookupFailed {
+                code: "external_id_unknown".into(),
+            };
+        };
+        let response = match self
+            .client
+            .get(&url)
+            .headers(self.headers.clone())
+            .header(reqwest::header::ACCEPT, "application/json")
+            .send()
+            .await
+        {
+            Ok(response) => response,
+            Err(error) => {
+                let code = if error.is_timeout() {
+                    "timeout"
+                } else if error.is_connect() {
+                    "connect_failed"
+                } else {
+                    "request_failed"
+                };
+                return Observation::LookupFailed { code: code.into() };
+            }
+        };
+        let status = response.status().as_u16();
+        if self.config.absent_statuses.contains(&status) {
+            return Observation::NotFound {
+                search_complete: self.config.search_complete,
+            };
+        }
+        if !response.status().is_success() {
+            return Observation::LookupFailed {
+                code: format!("http_{status}"),
+            };
+        }
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
+        {
+            return Observation::LookupFailed {
+                code: "response_too_large".into(),
+            };
+        }
+        let Ok(bytes) = response.bytes().await else {
+            return Observation::LookupFailed {
+                code: "response_read_failed".into(),
+            };
+        };
+        if bytes.len() > MAX_RESPONSE_BYTES {
+            return Observation::LookupFailed {
+                code: "response_too_large".into(),
+            };
+        }
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(body) => self.read_found(&body),
+            Err(_) => Observation::LookupFailed {
+                code: "response_not_json".into(),
+            },
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Persistence of the journal behind one trait, so that every backend honours one contract:
+//! atomic register-and-claim, compare-and-set transitions, database-clock leases.
+//!
+//! Every method is a single statement (one round trip, one commit): no transaction is ever
+//! held open across anything slow. Methods that change a row take the state the caller
+//! read and return `None` when the row no longer matches it; the caller decides what that
+//! means.
+
+pub mod postgres;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::domain::canonical::RequestHash;
+use crate::domain::error::JournalError;
+use crate::domain::lease::LeaseToken;
+use crate::domain::model::{
+    ActionType, ErrorCode, ExternalId, Namespace, OperationKey, OperationRecord, Status,
+};
+
+pub use postgres::PgStore;
+
+/// A storage failure, split by what the caller can do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached now; the request changed nothing and may be retried.
+    #[error("database unavailable")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Anything else: a bug, a broken constraint, corrupt data.
+    #[error("database error")]
+    Other(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl From<StoreError> for JournalError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Unavailable(source) => JournalError::StoreUnavailable(source),
+            StoreError::Other(source) => JournalError::Internal(source),
+        }
+    }
+}
+
+/// A new intent to register, with the lease its registering caller gets.
+#[derive(Debug, Clone)]
+pub struct NewOperation {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// The idempotency key.
+    pub operation_key: OperationKey,
+    /// The action type.
+    pub action_type: ActionType,
+    /// The request hash the key is bound to.
+    pub request_hash: RequestHash,
+    /// Business links; not hashed.
+    pub references: BTreeMap<String, String>,
+    /// Lease length granted to the first caller.
+    pub lease: Duration,
+    /// Random id of the lease (the secret part of the fencing token).
+    pub lease_id: Uuid,
+}
+
+/// A lease holder's report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settlement {
+    /// Confirmed success -> `succeeded`.
+    Succeeded {
+        /// Provider's id of the effect.
+        external_id: Option<ExternalId>,
+        /// Canonical JSON text of the result, if any.
+        result_json: Option<String>,
+    },
+    /// Confirmed rejection with no effect -> `failed_final`.
+    FailedFinal {
+        /// Why.
+        error_code: ErrorCode,
+    },
+    /// Outcome not known -> `unknown`; first lookup after `first_check_after`.
+    Unknown {
+        /// Why, if known.
+        error_code: Option<ErrorCode>,
+        /// Delay before the first reconcile lookup.
+        first_check_after: Duration,
+    },
+}
+
+impl Settlement {
+    /// The status this report moves the operation to.
+    pub fn target_status(&self) -> Status {
+        match self {
+            Self::Succeeded { .. } => Status::Succeeded,
+            Self::FailedFinal { .. } => Status::FailedFinal,
+            Self::Unknown { .. } => Status::Unknown,
+        }
+    }
+
+    /// Whether `row` already holds exactly this outcome (a retried report).
+    pub fn already_recorded_in(&self, row: &OperationRecord) -> bool {
+        match self {
+            Self::Succeeded {
+                external_id,
+                result_json,
+            } => {
+                row.status == Status::Succeeded
+                    && row.external_id.as_deref() == external_id.as_ref().map(ExternalId::as_str)
+                    && row.result_json == *result_json
+            }
+            Self::FailedFinal { error_code } => {
+                row.status == Status::FailedFinal
+                    && row.error_code.as_deref() == Some(error_code.as_str())
+            }
+            Self::Unknown { .. } => row.status == Status::Unknown,
+        }
+    }
+}
+
+/// What a reconcile lookup established, to apply with compare-and-set.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// The provider has the effect -> `succeeded`.
+    Succeeded {
+        /// Provider's id of the effect.
+        external_id: Option<String>,
+        /// Canonical JSON text of the kept result fields.
+        result_json: Option<String>,
+    },
+    /// The provider rejected the operation definitively -> `failed_final`.
+    FailedFinal {
+        /// Why.
+        error_code: String,
+    },
+    /// Proven absent -> `pending`, same key, so the next Begin executes again.
+    ReleaseForRetry,
+    /// Still not known -> `unknown`; look again after the delay.
+    KeepUnknown {
+        /// Delay before the next lookup.
+        next_check_after: Duration,
+        /// Why, if the lookup failed.
+        error_code: Option<String>,
+    },
+}
+
+/// Filters and position for listing operations.
+#[derive(Debug, Clone)]
+pub struct ListQuery {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Only this action type.
+    pub action_type: Option<ActionType>,
+    /// Continue after this (created_at, operation_key) position.
+    pub after: Option<(DateTime<Utc>, String)>,
+    /// At most this many rows.
+    pub limit: i64,
+}
+
+/// The journal's storage contract.
+#[async_trait]
+pub trait JournalStore: Send + Sync + 'static {
+    /// Inserts a new operation already `in_progress` with attempt 1 and the given lease, in one
+    /// statement; `None` when the key already exists in the namespace (nothing is changed).
+    async fn insert_and_claim(
+        &self,
+        new: &NewOperation,
+    ) -> Result<Option<OperationRecord>, StoreError>;
+
+    /// Reads one operation with the database clock.
+    async fn get(
+        &self,
+        namespace: &Namespace,
+        key: &OperationKey,
+    ) -> Result<Option<OperationRecord>, StoreError>;
+
+    /// Grants a new lease on an existing operation if it is still in `expected_status` with
+    /// `expected_attempt` (and, for `in_progress`, its lease has ended): attempt + 1.
+    async fn claim(
+        &self,
+        namespace: &Namespace,
+        key: &OperationKey,
+        expected_status: Status,
+        expected_attempt: i32,
+        lease: Duration,
+        lease_id: Uuid,
+    ) -> Result<Option<OperationRecord>, StoreError>;
+
+    /// Applies a lease holder's report if the token's lease is still the row's (same attempt
+    /// and lease id) and the row is in a status the report may leave.
+    async fn settle(
+        &self,
+        token: &LeaseToken,
+        settlement: &Settlement,
+    ) -> Result<Option<OperationRecord>, StoreError>;
+
+    /// Extends a live lease held by `token` to `lease` from now.
+    async fn renew(
+        &self,
+        token: &LeaseToken,
+        lease: Duration,
+    ) -> Result<Option<OperationRecord>, StoreError>;
+
+    /// Lists operations newest first.
+    async fn list(&self, query: &ListQuery) -> Result<Vec<OperationRecord>, StoreError>;
+
+    /// Applies a reconcile resolution if the row is still as `expected` was read (same
+    /// status and attempt; an `in_progress` row only once its lease has ended). Counts the
+    /// lookup in `reconcile_attempts`.
+    async fn resolve(
+        &self,
+        expected: &OperationRecord,
+        resolution: &Resolution,
+    ) -> Result<Option<OperationRecord>, StoreError>;
+
+    /// Moves up to `limit` `in_progress` rows whose lease has ended to `unknown`, due for a
+    /// lookup now; returns how many moved. Live leases are never touched.
+    async fn sweep_expired_leases(&self, limit: i64) -> Result<u64, StoreError>;
+
+    /// Claims up to `limit` unknown operations due for a lookup, pushing their next check
+    /// `hold` into the future so that no other worker looks them up meanwhile.
+    async fn claim_due(
+        &self,
+        limit: i64,
+        hold: Duration,
+    ) -> Result<Vec<OperationRecord>, StoreError>;
+
+    /// Checks that the database answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+}

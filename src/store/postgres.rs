@@ -1,0 +1,442 @@
+//! The Postgres backend: one statement per method, compare-and-set in every `WHERE`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, QueryBuilder, Row};
+use uuid::Uuid;
+
+use super::{JournalStore, ListQuery, NewOperation, Resolution, Settlement, StoreError};
+use crate::domain::canonical::RequestHash;
+use crate::domain::lease::LeaseToken;
+use crate::domain::model::{
+    ActionType, Namespace, OperationKey, OperationRecord, Status,
+};
+
+/// The migrations of this backend, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Every column of a record, plus the database clock.
+const COLUMNS: &str = "namespace, operation_key, action_type, request_hash, status, \
+    attempt_count, external_id, result_json, error_code, lease_until, lease_id, \
+    business_references, unknown_since, next_check_at, reconcile_attempts, created_at, \
+    updated_at, now() AS observed_at";
+
+/// The journal on Postgres.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// Wraps an existing pool.
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// Creates a lazily connecting pool of at most `max_connections`; connections are made
+    /// on first use, so the server starts (not ready) while the database is down.
+    ///
+    /// Errors: the URL cannot be parsed.
+    pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy(url)
+            .map_err(|e| StoreError::Other(Box::new(e)))?;
+        Ok(Self { pool })
+    }
+
+    /// The underlying pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies pending migrations.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| match e {
+                sqlx::migrate::MigrateError::Execute(e) => classify(e),
+                other => StoreError::Other(Box::new(other)),
+            })
+    }
+
+    async fn fetch_optional(
+        &self,
+        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Option<OperationRecord>, StoreError> {
+        query
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(classify)?
+            .map(|row| record_from_row(&row))
+            .transpose()
+    }
+}
+
+/// Splits sqlx errors into "unavailable" (retry later, nothing changed) and the rest.
+fn classify(error: sqlx::Error) -> StoreError {
+    let unavailable = match &error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // 08: connection exception; 57P01..57P03: shutdown / cannot connect now.
+            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    };
+    if unavailable {
+        StoreError::Unavailable(Box::new(error))
+    } else {
+        StoreError::Other(Box::new(error))
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Other(format!("corrupt journal row: {what}").into())
+}
+
+fn record_from_row(row: &PgRow) -> Result<OperationRecord, StoreError> {
+    let get_err = |e: sqlx::Error| StoreError::Other(Box::new(e));
+    let status: String = row.try_get("status").map_err(get_err)?;
+    let hash: String = row.try_get("request_hash").map_err(get_err)?;
+    let namespace: String = row.try_get("namespace").map_err(get_err)?;
+    let key: String = row.try_get("operation_key").map_err(get_err)?;
+    let action: String = row.try_get("action_type").map_err(get_err)?;
+    let references: sqlx::types::Json<BTreeMap<String, String>> =
+        row.try_get("business_references").map_err(get_err)?;
+    Ok(OperationRecord {
+        namespace: Namespace::parse(&namespace).map_err(|_| corrupt("namespace"))?,
+        operation_key: OperationKey::parse(&key).map_err(|_| corrupt("operation_key"))?,
+        action_type: ActionType::parse(&action).map_err(|_| corrupt("action_type"))?,
+        request_hash: RequestHash::from_hex(&hash).ok_or_else(|| corrupt("request_hash"))?,
+        status: Status::from_db(&status).ok_or_else(|| corrupt("status"))?,
+        attempt_count: row.try_get("attempt_count").map_err(get_err)?,
+        lease_id: row.try_get("lease_id").map_err(get_err)?,
+        lease_until: row.try_get("lease_until").map_err(get_err)?,
+        external_id: row.try_get("external_id").map_err(get_err)?,
+        result_json: row.try_get("result_json").map_err(get_err)?,
+        error_code: row.try_get("error_code").map_err(get_err)?,
+        references: references.0,
+        unknown_since: row.try_get("unknown_since").map_err(get_err)?,
+        next_check_at: row.try_get("next_check_at").map_err(get_err)?,
+        reconcile_attempts: row.try_get("reconcile_attempts").map_err(get_err)?,
+        created_at: row.try_get("created_at").map_err(get_err)?,
+        updated_at: row.try_get("updated_at").map_err(get_err)?,
+        observed_at: row.try_get("observed_at").map_err(get_err)?,
+    })
+}
+
+/// SQL assembled in this file from constant fragments only; every value is bound.
+fn trusted(sql: String) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(sql)
+}
+
+fn seconds(duration: Duration) -> f64 {
+    duration.as_secs_f64()
+}
+
+#[async_trait]
+impl JournalStore for PgStore {
+    async fn insert_and_claim(
+        &self,
+        new: &NewOperation,
+    ) -> Result<Option<OperationRecord>, StoreError> {
+        let sql = format!(
+            "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
+                 status, attempt_count, lease_until, lease_id, business_references, \
+                 created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, 'in_progress', 1, now() + make_interval(secs => $5), \
+                 $6, $7, now(), now()) \
+             ON CONFLICT (namespace, operation_key) DO NOTHING \
+             RETURNING {COLUMNS}"
+        );
+        self.fetch_optional(
+            sqlx::query(trusted(sql))
+                .bind(new.namespace.as_str())
+                .bind(new.operation_key.as_str())
+                .bind(new.action_type.as_str())
+                .bind(new.request_hash.to_hex())
+                .bind(seconds(new.lease))
+                .bind(new.lease_id)
+                .bind(sqlx::types::Json(&new.references)),
+        )
+        .await
+    }
+
+    async fn get(
+        &self,
+        namespace: &Namespace,
+        key: &OperationKey,
+    ) -> Result<Option<OperationRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM agent_operations WHERE namespace = $1 AND operation_key = $2"
+        );
+        self.fetch_optional(sqlx::query(trusted(sql)).bind(namespace.as_str()).bind(key.as_str()))
+            .await
+    }
+
+    async fn claim(
+        &self,
+        namespace: &Namespace,
+        key: &OperationKey,
+        expected_status: Status,
+        expected_attempt: i32,
+        lease: Duration,
+        lease_id: Uuid,
+    ) -> Result<Option<OperationRecord>, StoreError> {
+        let sql = format!(
+            "UPDATE agent_operations \
+             SET status = 'in_progress', attempt_count = attempt_count + 1, \
+                 lease_until = now() + make_interval(secs => $5), lease_id = $6, \
+                 error_code = NULL, unknown_since = NULL, next_check_at = NULL, \
+                 updated_at = now() \
+             WHERE namespace = $1 AND operation_key = $2 \
+               AND status = $3 AND attempt_count = $4 \
+               AND (status <> 'in_progress' OR lease_until <= now()) \
+             RETURNING {COLUMNS}"
+        );
+        self.fetch_optional(
+            sqlx::query(trusted(sql))
+                .bind(namespace.as_str())
+                .bind(key.as_str())
+                .bind(expected_status.as_str())
+                .bind(expected_attempt)
+                .bind(seconds(lease))
+                .bind(lease_id),
+        )
+        .await
+    }
+
+    async fn settle(
+        &self,
+        token: &LeaseToken,
+        settlement: &Settlement,
+    ) -> Result<Option<OperationRecord>, StoreError> {
+        // A holder may settle its own attempt from in_progress (even once its lease has
+        // ended, as long as nobody took over) and, with a definitive answer, from unknown.
+        let fence = "WHERE namespace = $1 AND operation_key = $2 \
+                     AND attempt_count = $3 AND lease_id = $4";
+        let sql = match settlement {
+            Settlement::Succeeded { .. } => format!(
+                "UPDATE agent_operations SET status = 'succeeded', external_id = $5, \
+                     result_json = $6, error_code = NULL, lease_until = NULL, \
+                     unknown_since = NULL, next_check_at = NULL, updated_at = now() \
+                 {fence} AND status IN ('in_progress', 'unknown') RETURNING {COLUMNS}"
+            ),
+            Settlement::FailedFinal { .. } => format!(
+                "UPDATE agent_operations SET status = 'failed_final', error_code = $5, \
+                     lease_until = NULL, unknown_since = NULL, next_check_at = NULL, \
+                     updated_at = now() \
+                 {fence} AND status IN ('in_progress', 'unknown') RETURNING {COLUMNS}"
+            ),
+            Settlement::Unknown { .. } => format!(
+                "UPDATE agent_operations SET status = 'unknown', error_code = $5, \
+                     lease_until = NULL, unknown_since = now(), \
+                     next_check_at = now() + make_interval(secs => $6), updated_at = now() \
+                 {fence} AND status = 'in_progress' RETURNING {COLUMNS}"
+            ),
+        };
+        let query = sqlx::query(trusted(sql))
+            .bind(token.namespace.as_str())
+            .bind(token.operation_key.as_str())
+            .bind(token.attempt)
+            .bind(token.lease_id);
+        let query = match settlement {
+            Settlement::Succeeded {
+                external_id,
+                result_json,
+            } => query
+                .bind(external_id.as_ref().map(|id| id.as_str().to_owned()))
+                .bind(result_json.clone()),
+            Settlement::FailedFinal { error_code } => query.bind(error_code.as_str().to_owned()),
+            Settlement::Unknown {
+                error_code,
+                first_check_after,
+            } => query
+                .bind(error_code.as_ref().map(|c| c.as_str().to_owned()))
+                .bind(seconds(*first_check_after)),
+        };
+        self.fetch_optional(query).await
+    }
+
+    async fn renew(
+        &self,
+        token: &LeaseToken,
+        lease: Duration,
+    ) -> Result<Option<OperationRecord>, StoreError> {
+        let sql = format!(
+            "UPDATE agent_operations \
+             SET lease_until = now() + make_interval(secs => $5), updated_at = now() \
+             WHERE namespace = $1 AND operation_key = $2 AND attempt_count = $3 \
+               AND lease_id = $4 AND status = 'in_progress' AND lease_until > now() \
+             RETURNING {COLUMNS}"
+        );
+        self.fetch_optional(
+            sqlx::query(trusted(sql))
+                .bind(token.namespace.as_str())
+                .bind(token.operation_key.as_str())
+                .bind(token.attempt)
+                .bind(token.lease_id)
+                .bind(seconds(lease)),
+        )
+        .await
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<Vec<OperationRecord>, StoreError> {
+        let mut sql: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+            "SELECT {COLUMNS} FROM agent_operations WHERE namespace = "
+        ));
+        sql.push_bind(query.namespace.as_str());
+        if let Some(status) = query.status {
+            sql.push(" AND status = ").push_bind(status.as_str());
+        }
+        if let Some(action) = &query.action_type {
+            sql.push(" AND action_type = ").push_bind(action.as_str());
+        }
+        if let Some((created_at, key)) = &query.after {
+            sql.push(" AND (created_at, operation_key) < (")
+                .push_bind(*created_at)
+                .push(", ")
+                .push_bind(key.as_str())
+                .push(")");
+        }
+        sql.push(" ORDER BY created_at DESC, operation_key DESC LIMIT ")
+            .push_bind(query.limit);
+        let rows = sql
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn resolve(
+        &self,
+        expected: &OperationRecord,
+        resolution: &Resolution,
+    ) -> Result<Option<OperationRecord>, StoreError> {
+        let set = match resolution {
+            Resolution::Succeeded { .. } => {
+                "status = 'succeeded', external_id = COALESCE($5, external_id), \
+                 result_json = $6, error_code = NULL, lease_until = NULL, \
+                 unknown_since = NULL, next_check_at = NULL"
+            }
+            Resolution::FailedFinal { .. } => {
+                "status = 'failed_final', error_code = $5, lease_until = NULL, \
+                 unknown_since = NULL, next_check_at = NULL"
+            }
+            Resolution::ReleaseForRetry => {
+                "status = 'pending', lease_until = NULL, lease_id = NULL, \
+                 error_code = 'released_after_absence', unknown_since = NULL, \
+                 next_check_at = NULL"
+            }
+            Resolution::KeepUnknown { .. } => {
+                "status = 'unknown', error_code = COALESCE($6, error_code), \
+                 unknown_since = COALESCE(unknown_since, lease_until, now()), \
+                 lease_until = NULL, next_check_at = now() + make_interval(secs => $5)"
+            }
+        };
+        let sql = format!(
+            "UPDATE agent_operations SET {set}, \
+                 reconcile_attempts = reconcile_attempts + 1, updated_at = now() \
+             WHERE namespace = $1 AND operation_key = $2 AND status = $3 \
+               AND attempt_count = $4 \
+               AND (status <> 'in_progress' OR lease_until <= now()) \
+             RETURNING {COLUMNS}"
+        );
+        let query = sqlx::query(trusted(sql))
+            .bind(expected.namespace.as_str())
+            .bind(expected.operation_key.as_str())
+            .bind(expected.status.as_str())
+            .bind(expected.attempt_count);
+        let query = match resolution {
+            Resolution::Succeeded {
+                external_id,
+                result_json,
+            } => query.bind(external_id.clone()).bind(result_json.clone()),
+            Resolution::FailedFinal { error_code } => query.bind(error_code.clone()),
+            Resolution::ReleaseForRetry => query,
+            Resolution::KeepUnknown {
+                next_check_after,
+                error_code,
+            } => query
+                .bind(seconds(*next_check_after))
+                .bind(error_code.clone()),
+        };
+        self.fetch_optional(query).await
+    }
+
+    async fn sweep_expired_leases(&self, limit: i64) -> Result<u64, StoreError> {
+        let result = sqlx::query(
+            "WITH expired AS ( \
+                 SELECT namespace, operation_key FROM agent_operations \
+                 WHERE status = 'in_progress' AND lease_until < now() \
+                 ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             UPDATE agent_operations o \
+             SET status = 'unknown', error_code = 'lease_expired', \
+                 unknown_since = o.lease_until, lease_until = NULL, \
+                 next_check_at = now(), updated_at = now() \
+             FROM expired \
+             WHERE o.namespace = expired.namespace \
+               AND o.operation_key = expired.operation_key \
+               AND o.status = 'in_progress' AND o.lease_until < now()",
+        )
+        .bind(limit)
+        .execute(&self.pool)
+        .await
+        .map_err(classify)?;
+        Ok(result.rows_affected())
+    }
+
+    async fn claim_due(
+        &self,
+        limit: i64,
+        hold: Duration,
+    ) -> Result<Vec<OperationRecord>, StoreError> {
+        let columns = COLUMNS
+            .split(", ")
+            .map(|c| {
+                if c.starts_with("now()") {
+                    c.to_owned()
+                } else {
+                    format!("o.{c}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "WITH due AS ( \
+                 SELECT namespace, operation_key FROM agent_operations \
+                 WHERE status = 'unknown' AND next_check_at <= now() \
+                 ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             UPDATE agent_operations o \
+             SET next_check_at = now() + make_interval(secs => $2) \
+             FROM due \
+             WHERE o.namespace = due.namespace AND o.operation_key = due.operation_key \
+             RETURNING {columns}"
+        );
+        let rows = sqlx::query(trusted(sql))
+            .bind(limit)
+            .bind(seconds(hold))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+}
