@@ -1,0 +1,39 @@
+//! Fault injection by the `X-Sandbox-Fault` request header.
+
+use axum::http::{HeaderMap, StatusCode};
+
+use crate::sandbox::error::ApiError;
+
+/// Name of the fault-injection header.
+pub(crate) const FAULT_HEADER: &str = "x-sandbox-fault";
+
+/// A fault requested for one POST.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Store the effect as normal, then stall the answer for the hang.
+    CommitThenTimeout,
+    /// Store nothing, answer 503 `unavailable`.
+    FailBeforeStore,
+    /// Definitive rejection: store nothing, answer 402 / 422.
+    Reject,
+}
+
+impl Fault {
+    /// Reads the fault header: `Ok(None)` when absent, 400 `invalid_fault`
+    /// when present with an unknown value.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ApiError> {
+        let Some(raw) = headers.get(FAULT_HEADER) else {
+            return Ok(None);
+        };
+        match raw.to_str().map(str::trim) {
+            Ok("commit-then-timeout") => Ok(Some(Self::CommitThenTimeout)),
+            Ok("fail-before-store") => Ok(Some(Self::FailBeforeStore)),
+            Ok("reject") => Ok(Some(Self::Reject)),
+            _ => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_fault",
+                "X-Sandbox-Fault must be one of: commit-then-timeout, fail-before-store, reject",
+            )),
+        }
+    }
+}
