@@ -84,11 +84,19 @@ pub async fn prepare_database(url: &str, store: &PgStore) -> Result<(), StoreErr
     store.migrate().await
 }
 
+/// Installs ring as the process's rustls crypto provider (HTTPS to providers), once; a
+/// provider installed earlier by the embedding program is kept.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Installs the tracing subscriber: `RUST_LOG` filter (default `info`), text or JSON lines.
 pub fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

@@ -41,6 +41,9 @@ pub struct ServeFlags {
     pub listen: Option<SocketAddr>,
     /// Create the database if missing and apply migrations before serving.
     #[arg(long)]
-    #[serde(rename = "migrate_on_start", skip_serializing_if = "Option::is_none")]
-    pub migrate: Option<bool>,
+    #[serde(
+        rename = "migrate_on_start",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub migrate: bool,
 }

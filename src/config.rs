@@ -116,7 +116,9 @@ impl Config {
             if v.is_finite() && v > 0.0 {
                 Ok(())
             } else {
-                Err(ConfigError(format!("{name}: must be a positive number of seconds")))
+                Err(ConfigError(format!(
+                    "{name}: must be a positive number of seconds"
+                )))
             }
         };
         if self.max_connections == 0 {
@@ -130,9 +132,15 @@ impl Config {
         if !(self.drain_delay_seconds.is_finite() && self.drain_delay_seconds >= 0.0) {
             return Err(ConfigError("drain_delay_seconds: must be 0 or more".into()));
         }
-        positive("readiness_interval_seconds", self.readiness_interval_seconds)?;
+        positive(
+            "readiness_interval_seconds",
+            self.readiness_interval_seconds,
+        )?;
         positive("reconcile_poll_seconds", self.reconcile_poll_seconds)?;
-        positive("reconcile_claim_hold_seconds", self.reconcile_claim_hold_seconds)?;
+        positive(
+            "reconcile_claim_hold_seconds",
+            self.reconcile_claim_hold_seconds,
+        )?;
         if self.database_url.is_empty() {
             return Err(ConfigError("database_url: must be set".into()));
         }

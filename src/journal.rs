@@ -299,7 +299,11 @@ impl Journal {
         let token = LeaseToken::parse(lease_token)?;
         let error_code = ErrorCode::parse_optional(error_code)?
             .or_else(|| Some(ErrorCode::internal("unknown_outcome")));
-        let first_check_after = match self.store.get(&token.namespace, &token.operation_key).await? {
+        let first_check_after = match self
+            .store
+            .get(&token.namespace, &token.operation_key)
+            .await?
+        {
             Some(row) => self
                 .policy
                 .action(&row.action_type)
@@ -353,7 +357,11 @@ impl Journal {
         if let Some(record) = self.store.renew(&token, lease).await? {
             return Ok(record);
         }
-        match self.store.get(&token.namespace, &token.operation_key).await? {
+        match self
+            .store
+            .get(&token.namespace, &token.operation_key)
+            .await?
+        {
             None => Err(JournalError::NotFound),
             Some(_) => Err(JournalError::LeaseLost),
         }
@@ -425,7 +433,9 @@ impl Journal {
         let next = if rows.len() as i64 > limit {
             rows.truncate(limit as usize);
             rows.last()
-                .map(|last| PageToken::encode(last.created_at, last.operation_key.as_str(), &filters))
+                .map(|last| {
+                    PageToken::encode(last.created_at, last.operation_key.as_str(), &filters)
+                })
                 .unwrap_or_default()
         } else {
             String::new()
@@ -511,8 +521,14 @@ impl PageToken {
         if body.get("f").and_then(serde_json::Value::as_str) != Some(&Self::fingerprint(filters)) {
             return Err(invalid());
         }
-        let micros = body.get("c").and_then(serde_json::Value::as_i64).ok_or_else(invalid)?;
-        let key = body.get("k").and_then(serde_json::Value::as_str).ok_or_else(invalid)?;
+        let micros = body
+            .get("c")
+            .and_then(serde_json::Value::as_i64)
+            .ok_or_else(invalid)?;
+        let key = body
+            .get("k")
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(invalid)?;
         let created_at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?;
         Ok((created_at, key.to_owned()))
     }

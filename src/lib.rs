@@ -14,5 +14,5 @@ pub mod domain;
 pub mod journal;
 pub mod proto;
 pub mod reconcile;
-// pub mod sandbox;
+pub mod sandbox;
 pub mod store;

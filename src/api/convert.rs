@@ -73,9 +73,11 @@ pub fn operation(record: &OperationRecord) -> proto::Operation {
 pub fn observation(observation: &Observation) -> proto::Observation {
     use proto::ObservationOutcome as O;
     let (outcome, external_id, detail_code) = match observation {
-        Observation::Succeeded { external_id, .. } => {
-            (O::Succeeded, external_id.clone().unwrap_or_default(), String::new())
-        }
+        Observation::Succeeded { external_id, .. } => (
+            O::Succeeded,
+            external_id.clone().unwrap_or_default(),
+            String::new(),
+        ),
         Observation::Failed { code } => (O::Failed, String::new(), code.clone()),
         Observation::Pending => (O::Pending, String::new(), String::new()),
         Observation::NotFound { .. } => (O::NotFound, String::new(), String::new()),

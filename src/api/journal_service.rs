@@ -147,7 +147,10 @@ impl OperationJournal for JournalService {
         let status = proto::OperationStatus::try_from(r.status).map_err(|_| {
             Status::from(crate::domain::error::JournalError::invalid(
                 "INVALID_STATUS_FILTER",
-                crate::domain::error::FieldViolation::new("status", "is not an OperationStatus value"),
+                crate::domain::error::FieldViolation::new(
+                    "status",
+                    "is not an OperationStatus value",
+                ),
             ))
         })?;
         let (records, next_page_token) = self

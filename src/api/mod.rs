@@ -100,7 +100,10 @@ pub async fn serve(
         stop_reporter
             .set_service_status("", ServingStatus::NotServing)
             .await;
-        tracing::info!(drain_delay_ms = drain_delay.as_millis() as u64, "shutting down: draining");
+        tracing::info!(
+            drain_delay_ms = drain_delay.as_millis() as u64,
+            "shutting down: draining"
+        );
         tokio::time::sleep(drain_delay).await;
     };
 

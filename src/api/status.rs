@@ -90,7 +90,10 @@ impl From<JournalError> for Status {
                     details,
                 )
             }
-            JournalError::NotReconcilable { status: current, lease_live } => status(
+            JournalError::NotReconcilable {
+                status: current,
+                lease_live,
+            } => status(
                 Code::FailedPrecondition,
                 "OPERATION_NOT_RECONCILABLE",
                 if lease_live {
@@ -117,12 +120,7 @@ impl From<JournalError> for Status {
             }
             JournalError::Internal(source) => {
                 tracing::error!(error = %source, "internal error");
-                status(
-                    Code::Internal,
-                    "INTERNAL",
-                    "internal error",
-                    HashMap::new(),
-                )
+                status(Code::Internal, "INTERNAL", "internal error", HashMap::new())
             }
         }
     }

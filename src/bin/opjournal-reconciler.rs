@@ -36,7 +36,12 @@ async fn main() -> anyhow::Result<()> {
         let stats = worker.tick().await?;
         println!(
             "swept={} looked_up={} settled={} released={} superseded={} errors={}",
-            stats.swept, stats.looked_up, stats.settled, stats.released, stats.superseded, stats.errors
+            stats.swept,
+            stats.looked_up,
+            stats.settled,
+            stats.released,
+            stats.superseded,
+            stats.errors
         );
     } else {
         tracing::info!("reconcile worker started");

@@ -7,7 +7,10 @@ use opjournal::config::Config;
 use opjournal::{api, app};
 
 #[derive(Parser)]
-#[command(version, about = "An operation journal that makes side-effecting tool calls safe to retry")]
+#[command(
+    version,
+    about = "An operation journal that makes side-effecting tool calls safe to retry"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

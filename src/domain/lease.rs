@@ -35,7 +35,9 @@ pub fn lease_duration(requested_seconds: i32, default: u32, max: u32) -> Duratio
         n if n < 0 => MIN_LEASE_SECONDS,
         n => n.unsigned_abs(),
     };
-    Duration::from_secs(u64::from(seconds.clamp(MIN_LEASE_SECONDS, max.max(MIN_LEASE_SECONDS))))
+    Duration::from_secs(u64::from(
+        seconds.clamp(MIN_LEASE_SECONDS, max.max(MIN_LEASE_SECONDS)),
+    ))
 }
 
 /// The same, for `RenewLease`: 0 or less gets the minimum.
@@ -211,9 +213,15 @@ mod tests {
         ] {
             let r = row(status, Some(30));
             let other = RequestHash::from_hex(&"b".repeat(64)).unwrap();
-            assert_eq!(decide(&r, &r.action_type, &other, true), BeginVerdict::Conflict);
+            assert_eq!(
+                decide(&r, &r.action_type, &other, true),
+                BeginVerdict::Conflict
+            );
             let action = ActionType::parse("send_email").unwrap();
-            assert_eq!(decide(&r, &action, &r.request_hash, true), BeginVerdict::Conflict);
+            assert_eq!(
+                decide(&r, &action, &r.request_hash, true),
+                BeginVerdict::Conflict
+            );
         }
     }
 
@@ -235,8 +243,14 @@ mod tests {
 
     #[test]
     fn terminal_rows_replay_and_pending_rows_are_claimed() {
-        assert_eq!(verdict(&row(Status::Succeeded, None), false), BeginVerdict::Replay);
-        assert_eq!(verdict(&row(Status::FailedFinal, None), true), BeginVerdict::Replay);
+        assert_eq!(
+            verdict(&row(Status::Succeeded, None), false),
+            BeginVerdict::Replay
+        );
+        assert_eq!(
+            verdict(&row(Status::FailedFinal, None), true),
+            BeginVerdict::Replay
+        );
         assert_eq!(
             verdict(&row(Status::Pending, None), false),
             BeginVerdict::Claim {

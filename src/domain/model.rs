@@ -54,7 +54,10 @@ impl Namespace {
         {
             return Err(JournalError::invalid(
                 "INVALID_NAMESPACE",
-                FieldViolation::new("namespace", "may hold only letters, digits, '.', '_' and '-'"),
+                FieldViolation::new(
+                    "namespace",
+                    "may hold only letters, digits, '.', '_' and '-'",
+                ),
             ));
         }
         Ok(Self(value.to_owned()))
@@ -300,7 +303,9 @@ impl OperationRecord {
     /// Whether the row holds a lease that has not yet ended, by the database clock.
     pub fn has_live_lease(&self) -> bool {
         self.status == Status::InProgress
-            && self.lease_until.is_some_and(|until| until > self.observed_at)
+            && self
+                .lease_until
+                .is_some_and(|until| until > self.observed_at)
     }
 
     /// Whether the row is `in_progress` with a lease that has ended: the holder may have

@@ -168,7 +168,7 @@ fn default_grace() -> u32 {
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AdapterConfig {
     /// A JSON-over-HTTP lookup by idempotency key or external id.
-    Http(HttpAdapterConfig),
+    Http(Box<HttpAdapterConfig>),
     /// No lookup is possible (e.g. e-mail without search).
     None,
 }
@@ -308,14 +308,16 @@ impl Policy {
                 ));
             }
             if action.reconcile.interval_seconds == 0 {
-                return Err(format!("{path}.reconcile.interval_seconds: must be at least 1"));
+                return Err(format!(
+                    "{path}.reconcile.interval_seconds: must be at least 1"
+                ));
             }
-            if let Some(adapter) = &action.reconcile.adapter {
-                if !self.adapters.contains_key(adapter) {
-                    return Err(format!(
-                        "{path}.reconcile.adapter: no adapter named '{adapter}' in adapters"
-                    ));
-                }
+            if let Some(adapter) = &action.reconcile.adapter
+                && !self.adapters.contains_key(adapter)
+            {
+                return Err(format!(
+                    "{path}.reconcile.adapter: no adapter named '{adapter}' in adapters"
+                ));
             }
         }
         for (name, adapter) in &self.adapters {
@@ -336,7 +338,9 @@ impl Policy {
     /// The adapter configured for an action, if any.
     pub fn adapter_for(&self, action: &ActionPolicy) -> Option<(&str, &AdapterConfig)> {
         let name = action.reconcile.adapter.as_deref()?;
-        self.adapters.get_key_value(name).map(|(k, v)| (k.as_str(), v))
+        self.adapters
+            .get_key_value(name)
+            .map(|(k, v)| (k.as_str(), v))
     }
 
     /// Lease length for an action, in seconds.
@@ -370,7 +374,9 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), String> {
     }
     for (header, source) in &http.headers {
         if source.env.is_empty() {
-            return Err(format!("headers.{header}.env: must name an environment variable"));
+            return Err(format!(
+                "headers.{header}.env: must name an environment variable"
+            ));
         }
     }
     Ok(())
@@ -445,7 +451,11 @@ adapters:
     fn an_unknown_adapter_reference_is_refused() {
         let text = EXAMPLE.replace("adapter: payments", "adapter: nowhere");
         let err = Policy::parse(&text, "policy.yaml").unwrap_err();
-        assert!(err.message.contains("actions.create_payment.reconcile.adapter"), "{err}");
+        assert!(
+            err.message
+                .contains("actions.create_payment.reconcile.adapter"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -85,10 +85,11 @@ impl AdapterSet {
         let mut adapters: BTreeMap<String, Arc<dyn ProviderAdapter>> = BTreeMap::new();
         for (name, config) in &policy.adapters {
             if let AdapterConfig::Http(http) = config {
-                let adapter = HttpAdapter::new(http.clone()).map_err(|message| AdapterError {
-                    adapter: name.clone(),
-                    message,
-                })?;
+                let adapter =
+                    HttpAdapter::new((**http).clone()).map_err(|message| AdapterError {
+                        adapter: name.clone(),
+                        message,
+                    })?;
                 adapters.insert(name.clone(), Arc::new(adapter));
             }
         }
@@ -128,15 +129,22 @@ impl HttpAdapter {
     ///
     /// Errors: a message naming the missing variable or the bad header.
     pub fn new(config: HttpAdapterConfig) -> Result<Self, String> {
+        crate::app::install_crypto_provider();
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, source) in &config.headers {
             let value = std::env::var(&source.env).map_err(|_| {
-                format!("headers.{name}: environment variable {} is not set", source.env)
+                format!(
+                    "headers.{name}: environment variable {} is not set",
+                    source.env
+                )
             })?;
             let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| format!("headers.{name}: not a valid header name"))?;
-            let mut value = reqwest::header::HeaderValue::from_str(&format!("{}{value}", source.prefix))
-                .map_err(|_| format!("headers.{name}: the value is not a valid header value"))?;
+            let mut value =
+                reqwest::header::HeaderValue::from_str(&format!("{}{value}", source.prefix))
+                    .map_err(|_| {
+                        format!("headers.{name}: the value is not a valid header value")
+                    })?;
             value.set_sensitive(true);
             headers.insert(name, value);
         }

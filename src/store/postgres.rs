@@ -11,9 +11,7 @@ use uuid::Uuid;
 use super::{JournalStore, ListQuery, NewOperation, Resolution, Settlement, StoreError};
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
-use crate::domain::model::{
-    ActionType, Namespace, OperationKey, OperationRecord, Status,
-};
+use crate::domain::model::{ActionType, Namespace, OperationKey, OperationRecord, Status};
 
 /// The migrations of this backend, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -56,13 +54,10 @@ impl PgStore {
 
     /// Applies pending migrations.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR
-            .run(&self.pool)
-            .await
-            .map_err(|e| match e {
-                sqlx::migrate::MigrateError::Execute(e) => classify(e),
-                other => StoreError::Other(Box::new(other)),
-            })
+        MIGRATOR.run(&self.pool).await.map_err(|e| match e {
+            sqlx::migrate::MigrateError::Execute(e) => classify(e),
+            other => StoreError::Other(Box::new(other)),
+        })
     }
 
     async fn fetch_optional(
@@ -179,8 +174,12 @@ impl JournalStore for PgStore {
         let sql = format!(
             "SELECT {COLUMNS} FROM agent_operations WHERE namespace = $1 AND operation_key = $2"
         );
-        self.fetch_optional(sqlx::query(trusted(sql)).bind(namespace.as_str()).bind(key.as_str()))
-            .await
+        self.fetch_optional(
+            sqlx::query(trusted(sql))
+                .bind(namespace.as_str())
+                .bind(key.as_str()),
+        )
+        .await
     }
 
     async fn claim(
@@ -310,11 +309,7 @@ impl JournalStore for PgStore {
         }
         sql.push(" ORDER BY created_at DESC, operation_key DESC LIMIT ")
             .push_bind(query.limit);
-        let rows = sql
-            .build()
-            .fetch_all(&self.pool)
-            .await
-            .map_err(classify)?;
+        let rows = sql.build().fetch_all(&self.pool).await.map_err(classify)?;
         rows.iter().map(record_from_row).collect()
     }
 

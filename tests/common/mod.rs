@@ -1,0 +1,250 @@
+//! Test harness: the real gRPC server on port 0 over a fresh Postgres database, and the real
+//! HTTP sandbox provider on port 0.
+
+#![allow(dead_code, clippy::unwrap_used, missing_docs)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use opjournal::api::{self, ServeOptions};
+use opjournal::app::{self, Components};
+use opjournal::domain::policy::Policy;
+use opjournal::proto::operation_journal_client::OperationJournalClient;
+use opjournal::proto::reconciler_client::ReconcilerClient;
+use opjournal::proto::{self, BeginOperationRequest, BeginOperationResponse, Decision};
+use opjournal::reconcile::AdapterSet;
+use opjournal::sandbox::{self, KeyCounts, Sandbox, SandboxConfig};
+use opjournal::store::PgStore;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic_types::StatusExt as _;
+
+pub const PAYMENT_KEY: &str = "payment:order-817:intent-01";
+
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub journal: OperationJournalClient<Channel>,
+    pub reconciler: ReconcilerClient<Channel>,
+    pub parts: Components,
+    pub pool: PgPool,
+    pub sandbox_url: String,
+    pub sandbox: Sandbox,
+    pub policy_yaml: String,
+    shutdown: CancellationToken,
+}
+
+/// The policy used by tests: payments reconciled through the sandbox's lookup by key.
+pub fn policy_yaml(sandbox_url: &str, grace_seconds: u32) -> String {
+    format!(
+        r#"
+defaults:
+  lease_seconds: 30
+actions:
+  create_payment:
+    retry:
+      on_timeout: reconcile_before_retry
+    reconcile:
+      adapter: sandbox_payments
+      first_check_after_seconds: 0
+      interval_seconds: 1
+      absence_grace_seconds: {grace_seconds}
+  create_payment_dedup:
+    retry:
+      on_timeout: retry_with_same_key
+    reconcile:
+      adapter: sandbox_payments
+  send_email:
+    reconcile:
+      first_check_after_seconds: 0
+adapters:
+  sandbox_payments:
+    kind: http
+    url: "{sandbox_url}/v1/payments/by-idempotency-key/{{operation_key}}"
+    timeout_seconds: 2
+    search_complete: true
+    response:
+      status_pointer: /status
+      succeeded_values: [succeeded]
+      failed_values: [failed]
+      external_id_pointer: /id
+      keep_fields: [/id, /status, /amount_minor, /currency]
+"#
+    )
+}
+
+impl TestApp {
+    pub async fn spawn(pool: PgPool) -> Self {
+        Self::spawn_with(pool, SandboxConfig::default(), 0).await
+    }
+
+    pub async fn spawn_with(pool: PgPool, sandbox_config: SandboxConfig, grace: u32) -> Self {
+        let (sandbox_url, sandbox) = sandbox::spawn(sandbox_config).await.unwrap();
+        let policy_yaml = policy_yaml(&sandbox_url, grace);
+        let policy = Arc::new(Policy::parse(&policy_yaml, "test-policy.yaml").unwrap());
+        let adapters = AdapterSet::from_policy(&policy).unwrap();
+        let parts = app::components(PgStore::new(pool.clone()), policy, adapters);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        tokio::spawn(api::serve(
+            parts.journal.clone(),
+            parts.reconciler.clone(),
+            listener,
+            ServeOptions {
+                readiness_interval: Duration::from_millis(200),
+                drain_delay: Duration::ZERO,
+            },
+            shutdown.clone(),
+        ));
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        Self {
+            addr,
+            journal: OperationJournalClient::new(channel.clone()),
+            reconciler: ReconcilerClient::new(channel),
+            parts,
+            pool,
+            sandbox_url,
+            sandbox,
+            policy_yaml,
+            shutdown,
+        }
+    }
+
+    /// A connection URL for this test's database, for child processes.
+    pub fn database_url(&self) -> String {
+        let options = self.pool.connect_options();
+        format!(
+            "postgres://{}@{}:{}/{}",
+            options.get_username(),
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap()
+        )
+    }
+
+    pub async fn begin(
+        &self,
+        key: &str,
+        action: &str,
+        payload: &str,
+    ) -> Result<BeginOperationResponse, tonic::Status> {
+        self.begin_in("", key, action, payload, 0).await
+    }
+
+    pub async fn begin_in(
+        &self,
+        namespace: &str,
+        key: &str,
+        action: &str,
+        payload: &str,
+        lease_seconds: i32,
+    ) -> Result<BeginOperationResponse, tonic::Status> {
+        self.journal
+            .clone()
+            .begin_operation(BeginOperationRequest {
+                namespace: namespace.into(),
+                operation_key: key.into(),
+                action_type: action.into(),
+                payload_json: payload.into(),
+                lease_seconds,
+                references: [("order_id".to_owned(), "817".to_owned())].into(),
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Calls the sandbox provider the way an orchestrator would, with the operation key as
+    /// the Idempotency-Key; `fault` is an X-Sandbox-Fault value. Returns the HTTP status, or
+    /// None when the call timed out.
+    pub async fn pay(
+        &self,
+        key: &str,
+        payload: &str,
+        fault: Option<&str>,
+    ) -> Option<(u16, serde_json::Value)> {
+        opjournal::app::install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_millis(400))
+            .build()
+            .unwrap();
+        let mut request = client
+            .post(format!("{}/v1/payments", self.sandbox_url))
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(payload.to_owned());
+        if let Some(fault) = fault {
+            request = request.header("X-Sandbox-Fault", fault);
+        }
+        let response = request.send().await.ok()?;
+        let status = response.status().as_u16();
+        Some((status, response.json().await.unwrap_or_default()))
+    }
+
+    pub fn counts(&self, key: &str) -> KeyCounts {
+        self.sandbox.counts(key)
+    }
+
+    /// Rows per key, the article's audit query.
+    pub async fn rows_for(&self, key: &str) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM agent_operations WHERE operation_key = $1")
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+pub fn decision(response: &BeginOperationResponse) -> Decision {
+    Decision::try_from(response.decision).unwrap()
+}
+
+pub fn status_of(response: &BeginOperationResponse) -> proto::OperationStatus {
+    proto::OperationStatus::try_from(response.operation.as_ref().unwrap().status).unwrap()
+}
+
+pub fn op_status(operation: &proto::Operation) -> proto::OperationStatus {
+    proto::OperationStatus::try_from(operation.status).unwrap()
+}
+
+/// The ErrorInfo reason of a status; every error must carry exactly one.
+pub fn reason(status: &tonic::Status) -> String {
+    status
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("no ErrorInfo on {status:?}"))
+        .reason
+}
+
+/// The JSON Pointer named in an INVALID_ARGUMENT for a payload.
+pub fn json_pointer(status: &tonic::Status) -> String {
+    let info = status.get_details_error_info().unwrap();
+    info.metadata
+        .get("json_pointer")
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The field of the (single) field violation.
+pub fn violated_field(status: &tonic::Status) -> String {
+    let bad = status.get_details_bad_request().expect("BadRequest detail");
+    bad.field_violations[0].field.clone()
+}
+
+pub const PAY_817: &str = r#"{"order_id":"817","amount_minor":490000,"currency":"RUB"}"#;
+pub const PAY_817_OTHER_AMOUNT: &str =
+    r#"{"order_id":"817","amount_minor":590000,"currency":"RUB"}"#;
