@@ -73,6 +73,8 @@ pub async fn serve(
     reporter
         .set_service_status(LIVENESS, ServingStatus::Serving)
         .await;
+    // Not ready until the first database check passes.
+    set_all(&reporter, ServingStatus::NotServing).await;
     let readiness = tokio::spawn(watch_readiness(
         journal.clone(),
         reporter.clone(),
