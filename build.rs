@@ -5,7 +5,10 @@ use std::{env, fs, path::PathBuf};
 
 use protox::prost::Message as _;
 
-const PROTOS: &[&str] = &["proto/opjournal/v1/journal.proto"];
+const PROTOS: &[&str] = &[
+    "proto/opjournal/v1/journal.proto",
+    "proto/opjournal/v1/provider_adapter.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");

@@ -63,9 +63,15 @@ pub fn components(store: PgStore, policy: Arc<Policy>, adapters: AdapterSet) -> 
     let shared: Arc<dyn JournalStore> = Arc::new(store.clone());
     Components {
         journal: Journal::new(shared.clone(), policy.clone(), RequestLimits::default()),
-        reconciler: Reconciler::new(shared, policy, adapters),
+        reconciler: Reconciler::new(shared, policy, adapters, default_actor()),
         store,
     }
+}
+
+/// This process's name in the history: `HOSTNAME` (the pod name on Kubernetes) and pid.
+pub fn default_actor() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
 }
 
 /// Creates the database named in `url` if it does not exist, then applies migrations.

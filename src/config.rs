@@ -38,6 +38,8 @@ pub struct Config {
     pub reconcile_concurrency: usize,
     /// Reconcile worker: seconds a claimed operation stays hidden from other replicas.
     pub reconcile_claim_hold_seconds: f64,
+    /// Reconcile worker: gRPC health listen address (`liveness`, `readiness`).
+    pub reconciler_health_listen: SocketAddr,
 }
 
 /// Log output format.
@@ -65,6 +67,7 @@ impl Default for Config {
             reconcile_batch_size: 50,
             reconcile_concurrency: 8,
             reconcile_claim_hold_seconds: 60.0,
+            reconciler_health_listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
         }
     }
 }
@@ -96,7 +99,8 @@ impl Config {
         Ok(config)
     }
 
-    const KEYS: [&'static str; 12] = [
+    const KEYS: [&'static str; 13] = [
+        "reconciler_health_listen",
         "listen",
         "database_url",
         "policy_file",

@@ -399,16 +399,7 @@ impl Journal {
         } else {
             Some(ActionType::parse(action_type)?)
         };
-        let limit = match page_size {
-            n if n < 0 => {
-                return Err(JournalError::invalid(
-                    "INVALID_PAGE_SIZE",
-                    FieldViolation::new("page_size", "must not be negative"),
-                ));
-            }
-            0 => DEFAULT_PAGE_SIZE,
-            n => i64::from(n).min(MAX_PAGE_SIZE),
-        };
+        let limit = page_limit(page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
         let filters = format!(
             "{}|{}|{}",
             namespace,
@@ -441,6 +432,20 @@ impl Journal {
             String::new()
         };
         Ok((rows, next))
+    }
+}
+
+/// A page size: 0 means `default`, larger than `max` means `max`, negative is refused.
+///
+/// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_SIZE`.
+pub(crate) fn page_limit(page_size: i32, default: i64, max: i64) -> Result<i64, JournalError> {
+    match page_size {
+        n if n < 0 => Err(JournalError::invalid(
+            "INVALID_PAGE_SIZE",
+            FieldViolation::new("page_size", "must not be negative"),
+        )),
+        0 => Ok(default),
+        n => Ok(i64::from(n).min(max)),
     }
 }
 
@@ -489,7 +494,7 @@ fn parse_references(
 }
 
 /// An opaque keyset position bound to the filters it was made for.
-struct PageToken;
+pub(crate) struct PageToken;
 
 impl PageToken {
     fn fingerprint(filters: &str) -> String {
@@ -497,7 +502,7 @@ impl PageToken {
         hex::encode(&sha2::Sha256::digest(filters.as_bytes())[..8])
     }
 
-    fn encode(created_at: DateTime<Utc>, key: &str, filters: &str) -> String {
+    pub(crate) fn encode(created_at: DateTime<Utc>, key: &str, filters: &str) -> String {
         let body = serde_json::json!({
             "c": created_at.timestamp_micros(),
             "k": key,
@@ -506,7 +511,10 @@ impl PageToken {
         URL_SAFE_NO_PAD.encode(body.to_string())
     }
 
-    fn decode(token: &str, filters: &str) -> Result<(DateTime<Utc>, String), JournalError> {
+    pub(crate) fn decode(
+        token: &str,
+        filters: &str,
+    ) -> Result<(DateTime<Utc>, String), JournalError> {
         let invalid = || {
             JournalError::invalid(
                 "INVALID_PAGE_TOKEN",

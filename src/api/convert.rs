@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::model::{OperationRecord, Status};
+use crate::domain::model::{ActorKind, OperationEvent, OperationRecord, Status};
 use crate::proto;
 use crate::reconcile::{Observation, ReconcileAction};
 
@@ -66,6 +66,8 @@ pub fn operation(record: &OperationRecord) -> proto::Operation {
         references: record.references.clone().into_iter().collect(),
         next_check_at: record.next_check_at.map(timestamp),
         reconcile_attempts: record.reconcile_attempts,
+        review_required_at: record.review_required_at.map(timestamp),
+        review_reason: record.review_reason.clone().unwrap_or_default(),
     }
 }
 
@@ -98,5 +100,30 @@ pub fn reconcile_action(action: ReconcileAction) -> proto::ReconcileAction {
         ReconcileAction::ReleasedForRetry => proto::ReconcileAction::ReleasedForRetry,
         ReconcileAction::KeptUnknown => proto::ReconcileAction::KeptUnknown,
         ReconcileAction::Superseded => proto::ReconcileAction::Superseded,
+        ReconcileAction::Escalated => proto::ReconcileAction::Escalated,
+    }
+}
+
+/// The protobuf message of a history entry.
+pub fn event(event: &OperationEvent) -> proto::OperationEvent {
+    proto::OperationEvent {
+        event_id: event.event_id,
+        from_status: event
+            .from_status
+            .map(status_to_proto)
+            .unwrap_or(proto::OperationStatus::Unspecified)
+            .into(),
+        to_status: status_to_proto(event.to_status).into(),
+        attempt_count: event.attempt_count,
+        review_required: event.review_required,
+        actor_kind: match event.actor_kind {
+            ActorKind::Client => proto::ActorKind::Client,
+            ActorKind::Worker => proto::ActorKind::Worker,
+            ActorKind::Reviewer => proto::ActorKind::Reviewer,
+        }
+        .into(),
+        actor: event.actor.clone(),
+        reason: event.reason.clone().unwrap_or_default(),
+        occurred_at: Some(timestamp(event.occurred_at)),
     }
 }

@@ -10,6 +10,7 @@ pub mod journal_service;
 pub mod reconciler_service;
 pub mod status;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -21,6 +22,7 @@ use tonic_health::server::HealthReporter;
 use crate::journal::Journal;
 use crate::proto;
 use crate::reconcile::Reconciler;
+use crate::store::JournalStore;
 pub use journal_service::JournalService;
 pub use reconciler_service::ReconcilerService;
 
@@ -76,7 +78,7 @@ pub async fn serve(
     // Not ready until the first database check passes.
     set_all(&reporter, ServingStatus::NotServing).await;
     let readiness = tokio::spawn(watch_readiness(
-        journal.clone(),
+        journal.store().clone(),
         reporter.clone(),
         options.readiness_interval,
         shutdown.clone(),
@@ -129,9 +131,49 @@ async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
     }
 }
 
+/// Serves only gRPC health (for the reconcile worker): `""` and `liveness` SERVING,
+/// `readiness` following the database check, all NOT_SERVING once `shutdown` is cancelled.
+///
+/// Errors: the transport fails to serve.
+pub async fn serve_health(
+    store: Arc<dyn JournalStore>,
+    listener: TcpListener,
+    readiness_interval: Duration,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status(LIVENESS, ServingStatus::Serving)
+        .await;
+    reporter
+        .set_service_status(READINESS, ServingStatus::NotServing)
+        .await;
+    let readiness = tokio::spawn(watch_readiness(
+        store,
+        reporter.clone(),
+        readiness_interval,
+        shutdown.clone(),
+    ));
+    let stopped = async move {
+        shutdown.cancelled().await;
+        for service in ["", LIVENESS, READINESS] {
+            reporter
+                .set_service_status(service, ServingStatus::NotServing)
+                .await;
+        }
+    };
+    let result = tonic::transport::Server::builder()
+        .add_service(health)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
+        .await;
+    readiness.abort();
+    result?;
+    Ok(())
+}
+
 /// Follows the database check into readiness until shutdown.
 async fn watch_readiness(
-    journal: Journal,
+    store: Arc<dyn JournalStore>,
     reporter: HealthReporter,
     interval: Duration,
     shutdown: CancellationToken,
@@ -140,7 +182,7 @@ async fn watch_readiness(
     loop {
         let ready = tokio::select! {
             () = shutdown.cancelled() => return,
-            result = tokio::time::timeout(interval.max(Duration::from_millis(500)), journal.store().ping()) => {
+            result = tokio::time::timeout(interval.max(Duration::from_millis(500)), store.ping()) => {
                 matches!(result, Ok(Ok(())))
             }
         };

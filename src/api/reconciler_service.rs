@@ -1,11 +1,13 @@
-//! The `Reconciler` gRPC service.
+//! The `Reconciler` gRPC service: reconcile now, the review queue, resolutions, history.
 
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use crate::domain::error::{FieldViolation, JournalError};
 use crate::proto;
 use crate::proto::reconciler_server::{Reconciler as ReconcilerRpc, ReconcilerServer};
-use crate::reconcile::{ReconcileAction, Reconciler};
+use crate::proto::resolve_operation_request::Resolution as ProtoResolution;
+use crate::reconcile::{ReconcileAction, Reconciler, ReviewDecision};
 
 /// The `opjournal.v1.Reconciler` service.
 #[derive(Clone)]
@@ -37,14 +39,91 @@ impl ReconcilerRpc for ReconcilerService {
             .reconciler
             .reconcile_now(&r.namespace, &r.operation_key)
             .await?;
-        let mut observation = convert::observation(&report.observation);
-        if report.action == ReconcileAction::ReleasedForRetry {
-            observation.outcome = proto::ObservationOutcome::DefinitivelyAbsent.into();
-        }
+        let observation = report.observation.as_ref().map(|o| {
+            let mut observation = convert::observation(o);
+            if report.action == ReconcileAction::ReleasedForRetry {
+                observation.outcome = proto::ObservationOutcome::DefinitivelyAbsent.into();
+            }
+            observation
+        });
         Ok(Response::new(proto::ReconcileOperationResponse {
             operation: Some(convert::operation(&report.record)),
-            observation: Some(observation),
+            observation,
             action: convert::reconcile_action(report.action).into(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.Reconciler/ListOperationsForReview"))]
+    async fn list_operations_for_review(
+        &self,
+        request: Request<proto::ListOperationsForReviewRequest>,
+    ) -> Result<Response<proto::ListOperationsForReviewResponse>, Status> {
+        let r = request.into_inner();
+        let (records, next_page_token) = self
+            .reconciler
+            .list_for_review(&r.namespace, r.page_size, &r.page_token)
+            .await?;
+        Ok(Response::new(proto::ListOperationsForReviewResponse {
+            operations: records.iter().map(convert::operation).collect(),
+            next_page_token,
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.Reconciler/ResolveOperation"))]
+    async fn resolve_operation(
+        &self,
+        request: Request<proto::ResolveOperationRequest>,
+    ) -> Result<Response<proto::ResolveOperationResponse>, Status> {
+        let r = request.into_inner();
+        let decision = match r.resolution {
+            Some(ProtoResolution::Succeeded(s)) => ReviewDecision::Succeeded {
+                external_id: s.external_id,
+                result_json: s.result_json,
+            },
+            Some(ProtoResolution::FailedFinal(f)) => ReviewDecision::FailedFinal {
+                error_code: f.error_code,
+            },
+            Some(ProtoResolution::ReleaseForRetry(_)) => ReviewDecision::ReleaseForRetry,
+            None => {
+                return Err(JournalError::invalid(
+                    "INVALID_REVIEW",
+                    FieldViolation::new(
+                        "resolution",
+                        "is required: succeeded, failed_final or release_for_retry",
+                    ),
+                )
+                .into());
+            }
+        };
+        let record = self
+            .reconciler
+            .resolve_by_reviewer(
+                &r.namespace,
+                &r.operation_key,
+                r.expected_attempt_count,
+                &r.reviewer,
+                &r.reason,
+                decision,
+            )
+            .await?;
+        Ok(Response::new(proto::ResolveOperationResponse {
+            operation: Some(convert::operation(&record)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.Reconciler/GetOperationHistory"))]
+    async fn get_operation_history(
+        &self,
+        request: Request<proto::GetOperationHistoryRequest>,
+    ) -> Result<Response<proto::GetOperationHistoryResponse>, Status> {
+        let r = request.into_inner();
+        let (events, next_page_token) = self
+            .reconciler
+            .history(&r.namespace, &r.operation_key, r.page_size, &r.page_token)
+            .await?;
+        Ok(Response::new(proto::GetOperationHistoryResponse {
+            events: events.iter().map(convert::event).collect(),
+            next_page_token,
         }))
     }
 }

@@ -103,6 +103,20 @@ impl From<JournalError> for Status {
                 },
                 HashMap::from([("status".to_owned(), current.to_string())]),
             ),
+            JournalError::OperationChanged {
+                status: current,
+                attempt_count,
+            } => status(
+                Code::FailedPrecondition,
+                "OPERATION_CHANGED",
+                format!(
+                    "the operation changed since it was seen: it is {current} at attempt {attempt_count}"
+                ),
+                HashMap::from([
+                    ("status".to_owned(), current.to_string()),
+                    ("attempt_count".to_owned(), attempt_count.to_string()),
+                ]),
+            ),
             JournalError::NoProviderAdapter => status(
                 Code::FailedPrecondition,
                 "NO_PROVIDER_ADAPTER",

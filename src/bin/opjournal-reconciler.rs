@@ -1,26 +1,40 @@
-//! `opjournal-reconciler`: the reconcile worker. Polls unknown operations and expired leases
-//! and asks each action's provider adapter what really happened. Run any number of replicas.
+//! `opjournal-reconciler`: the reconcile worker. Sweeps expired leases into unknown, looks
+//! unknown operations up through each action's provider adapter, and escalates what cannot
+//! be proven to human review. Run any number of replicas.
 
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
 use clap::Parser;
-use opjournal::app;
 use opjournal::cli::CommonFlags;
 use opjournal::config::Config;
 use opjournal::reconcile::worker::{Worker, WorkerConfig};
+use opjournal::{api, app};
+use serde::Serialize;
 
-#[derive(Parser)]
+#[derive(Parser, Serialize)]
 #[command(version, about = "The opjournal reconcile worker")]
 struct Cli {
     #[command(flatten)]
+    #[serde(flatten)]
     common: CommonFlags,
+    /// gRPC health listen address [default: 127.0.0.1:50052].
+    #[arg(long)]
+    #[serde(
+        rename = "reconciler_health_listen",
+        skip_serializing_if = "Option::is_none"
+    )]
+    health_listen: Option<SocketAddr>,
     /// Run one poll (sweep, claim, look up) and exit; exit code 1 if the store is unreachable.
     #[arg(long)]
+    #[serde(skip)]
     once: bool,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let config = Config::load(cli.common.config.as_ref(), &cli.common)?;
+    let config = Config::load(cli.common.config.as_ref(), &cli)?;
     app::init_tracing(config.log_format);
     let parts = app::build(&config)?;
     let worker = Worker::new(
@@ -35,17 +49,33 @@ async fn main() -> anyhow::Result<()> {
     if cli.once {
         let stats = worker.tick().await?;
         println!(
-            "swept={} looked_up={} settled={} released={} superseded={} errors={}",
+            "swept={} looked_up={} settled={} released={} escalated={} superseded={} errors={}",
             stats.swept,
             stats.looked_up,
             stats.settled,
             stats.released,
+            stats.escalated,
             stats.superseded,
             stats.errors
         );
     } else {
-        tracing::info!("reconcile worker started");
-        worker.run(app::shutdown_on_signals()).await;
+        let shutdown = app::shutdown_on_signals();
+        let listener = tokio::net::TcpListener::bind(config.reconciler_health_listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.reconciler_health_listen))?;
+        let address = listener.local_addr()?;
+        println!("opjournal-reconciler health on {address}");
+        let store: std::sync::Arc<dyn opjournal::store::JournalStore> =
+            std::sync::Arc::new(parts.store.clone());
+        let health = tokio::spawn(api::serve_health(
+            store,
+            listener,
+            Config::seconds(config.readiness_interval_seconds),
+            shutdown.clone(),
+        ));
+        tracing::info!(%address, "reconcile worker started");
+        worker.run(shutdown).await;
+        health.await??;
         tracing::info!("reconcile worker stopped");
     }
     parts.store.pool().close().await;

@@ -73,6 +73,15 @@ pub enum JournalError {
         /// Whether a live lease is the reason.
         lease_live: bool,
     },
+    /// A reviewer's resolution found the operation changed since it was seen.
+    /// `FAILED_PRECONDITION`, `OPERATION_CHANGED`.
+    #[error("operation changed since it was seen")]
+    OperationChanged {
+        /// Status now.
+        status: Status,
+        /// Attempt count now.
+        attempt_count: i32,
+    },
     /// The action has no provider lookup. `FAILED_PRECONDITION`, `NO_PROVIDER_ADAPTER`.
     #[error("action has no provider adapter")]
     NoProviderAdapter,

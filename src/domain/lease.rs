@@ -163,6 +163,8 @@ pub fn decide(
                 .unwrap_or_default();
             BeginVerdict::InProgress(remaining)
         }
+        // An operation waiting for a person is never retried automatically.
+        Status::Unknown if row.review_required_at.is_some() => BeginVerdict::VerificationRequired,
         Status::InProgress | Status::Unknown if provider_deduplicates => claim,
         Status::InProgress | Status::Unknown => BeginVerdict::VerificationRequired,
     }
@@ -192,6 +194,8 @@ mod tests {
             unknown_since: None,
             next_check_at: None,
             reconcile_attempts: 0,
+            review_required_at: None,
+            review_reason: None,
             created_at: now,
             updated_at: now,
             observed_at: now,
@@ -230,6 +234,13 @@ mod tests {
         let r = row(Status::InProgress, Some(-1));
         assert_eq!(verdict(&r, false), BeginVerdict::VerificationRequired);
         assert!(matches!(verdict(&r, true), BeginVerdict::Claim { .. }));
+    }
+
+    #[test]
+    fn an_operation_under_review_is_never_reclaimed_even_when_the_provider_deduplicates() {
+        let mut r = row(Status::Unknown, None);
+        r.review_required_at = Some(Utc::now());
+        assert_eq!(verdict(&r, true), BeginVerdict::VerificationRequired);
     }
 
     #[test]

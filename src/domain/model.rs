@@ -291,6 +291,10 @@ pub struct OperationRecord {
     pub next_check_at: Option<DateTime<Utc>>,
     /// Provider lookups made so far.
     pub reconcile_attempts: i32,
+    /// When the operation was escalated to human review, if it waits for one.
+    pub review_required_at: Option<DateTime<Utc>>,
+    /// Why it was escalated.
+    pub review_reason: Option<String>,
     /// First registration (database clock).
     pub created_at: DateTime<Utc>,
     /// Last change (database clock).
@@ -313,4 +317,90 @@ impl OperationRecord {
     pub fn has_expired_lease(&self) -> bool {
         self.status == Status::InProgress && !self.has_live_lease()
     }
+}
+
+/// Who caused a transition, as recorded in the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActorKind {
+    /// An orchestrator calling the journal.
+    Client,
+    /// The reconcile path.
+    Worker,
+    /// A person resolving a review.
+    Reviewer,
+}
+
+impl ActorKind {
+    /// The value stored in `last_actor_kind` / `operation_events.actor_kind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Worker => "worker",
+            Self::Reviewer => "reviewer",
+        }
+    }
+
+    /// Parses the stored value.
+    pub fn from_db(value: &str) -> Option<Self> {
+        Some(match value {
+            "client" => Self::Client,
+            "worker" => Self::Worker,
+            "reviewer" => Self::Reviewer,
+            _ => return None,
+        })
+    }
+}
+
+/// Who did a transition and why, written with it into the history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attribution {
+    /// The kind of actor.
+    pub kind: ActorKind,
+    /// Which worker or reviewer (empty for anonymous clients), at most 200 characters.
+    pub actor: String,
+    /// Why: an error code, an observation, or a reviewer's reason; at most 500 characters.
+    pub reason: Option<String>,
+}
+
+impl Attribution {
+    /// A transition caused by a client.
+    pub fn client(reason: impl Into<String>) -> Self {
+        Self {
+            kind: ActorKind::Client,
+            actor: String::new(),
+            reason: Some(reason.into()),
+        }
+    }
+
+    /// A transition caused by the reconcile path `worker`.
+    pub fn worker(worker: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            kind: ActorKind::Worker,
+            actor: worker.into(),
+            reason: Some(reason.into()),
+        }
+    }
+}
+
+/// One entry of an operation's append-only history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationEvent {
+    /// Increasing id.
+    pub event_id: i64,
+    /// Status before; `None` for the registration.
+    pub from_status: Option<Status>,
+    /// Status after.
+    pub to_status: Status,
+    /// Attempt count after.
+    pub attempt_count: i32,
+    /// Whether the operation waits for review after this event.
+    pub review_required: bool,
+    /// Who.
+    pub actor_kind: ActorKind,
+    /// Which worker or reviewer.
+    pub actor: String,
+    /// Why.
+    pub reason: Option<String>,
+    /// When (database clock).
+    pub occurred_at: DateTime<Utc>,
 }

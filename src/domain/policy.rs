@@ -77,6 +77,24 @@ pub struct ActionPolicy {
     /// How unknown outcomes are looked up.
     #[serde(default)]
     pub reconcile: ReconcilePolicy,
+    /// How long an operation may stay unknown before `on_unresolved` applies, in seconds
+    /// (the article's `unknown_after_seconds`); absent means never.
+    #[serde(default)]
+    pub unknown_after_seconds: Option<u32>,
+    /// What happens to an operation still unknown after `unknown_after_seconds`.
+    #[serde(default)]
+    pub on_unresolved: OnUnresolved,
+}
+
+/// What happens to an operation that stays unknown too long (the article's `on_unresolved`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnresolved {
+    /// Mark it for human review and stop looking it up automatically.
+    #[default]
+    RequireHumanReview,
+    /// Keep looking it up at the maximum interval.
+    KeepReconciling,
 }
 
 impl ActionPolicy {
@@ -133,9 +151,19 @@ pub struct ReconcilePolicy {
     /// Delay before the first lookup after an unknown outcome, in seconds.
     #[serde(default = "default_first_check")]
     pub first_check_after_seconds: u32,
-    /// Delay between lookups, in seconds.
+    /// Delay after the first lookup, in seconds; each later delay is multiplied by
+    /// `backoff_multiplier`, up to `max_interval_seconds`, with +/- `jitter` spread.
     #[serde(default = "default_interval")]
     pub interval_seconds: u32,
+    /// Longest delay between lookups, in seconds.
+    #[serde(default = "default_max_interval")]
+    pub max_interval_seconds: u32,
+    /// Growth factor of the delay between lookups (1.0 to 10.0).
+    #[serde(default = "default_multiplier")]
+    pub backoff_multiplier: f64,
+    /// Random spread of each delay, as a fraction (0.0 to 1.0): 0.2 means +/-20 %.
+    #[serde(default = "default_jitter")]
+    pub jitter: f64,
     /// How long after the last attempt "not found" may still change (indexing lag), in
     /// seconds; absence counts as definitive only after it, and only from a complete search.
     #[serde(default = "default_grace")]
@@ -148,6 +176,9 @@ impl Default for ReconcilePolicy {
             adapter: None,
             first_check_after_seconds: default_first_check(),
             interval_seconds: default_interval(),
+            max_interval_seconds: default_max_interval(),
+            backoff_multiplier: default_multiplier(),
+            jitter: default_jitter(),
             absence_grace_seconds: default_grace(),
         }
     }
@@ -162,6 +193,35 @@ fn default_interval() -> u32 {
 fn default_grace() -> u32 {
     300
 }
+fn default_max_interval() -> u32 {
+    3600
+}
+fn default_multiplier() -> f64 {
+    2.0
+}
+fn default_jitter() -> f64 {
+    0.2
+}
+
+impl ReconcilePolicy {
+    /// Delay before lookup number `lookups + 1`, given `lookups` already made, before jitter.
+    pub fn backoff(&self, lookups: u32) -> std::time::Duration {
+        let base = f64::from(self.interval_seconds.max(1));
+        let max = f64::from(self.max_interval_seconds.max(self.interval_seconds).max(1));
+        let exponent = i32::try_from(lookups.saturating_sub(1))
+            .unwrap_or(i32::MAX)
+            .min(64);
+        let seconds = (base * self.backoff_multiplier.powi(exponent)).min(max);
+        std::time::Duration::from_secs_f64(seconds)
+    }
+
+    /// The same delay spread by `jitter`, using `unit` in [0, 1) as the random draw.
+    pub fn backoff_with_jitter(&self, lookups: u32, unit: f64) -> std::time::Duration {
+        let delay = self.backoff(lookups).as_secs_f64();
+        let spread = 1.0 + self.jitter * (2.0 * unit.clamp(0.0, 1.0) - 1.0);
+        std::time::Duration::from_secs_f64((delay * spread).max(0.0))
+    }
+}
 
 /// A provider adapter: how to ask a provider what happened to an operation.
 #[derive(Debug, Clone, Deserialize)]
@@ -169,8 +229,25 @@ fn default_grace() -> u32 {
 pub enum AdapterConfig {
     /// A JSON-over-HTTP lookup by idempotency key or external id.
     Http(Box<HttpAdapterConfig>),
-    /// No lookup is possible (e.g. e-mail without search).
+    /// A gRPC service implementing `opjournal.v1.ProviderAdapter`, in any language.
+    Grpc(GrpcAdapterConfig),
+    /// No lookup is possible (e.g. e-mail without search): unknown goes straight to review.
     None,
+}
+
+/// A provider adapter served over gRPC.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcAdapterConfig {
+    /// The adapter's URL, e.g. `http://127.0.0.1:50070`.
+    pub endpoint: String,
+    /// Lookup timeout, in seconds.
+    #[serde(default = "default_timeout")]
+    pub timeout_seconds: f64,
+    /// Whether the adapter may declare a search complete; `false` makes every "not found"
+    /// inconclusive whatever the adapter says.
+    #[serde(default = "yes")]
+    pub trust_search_complete: bool,
 }
 
 /// A JSON-over-HTTP lookup.
@@ -321,8 +398,25 @@ impl Policy {
             }
         }
         for (name, adapter) in &self.adapters {
-            if let AdapterConfig::Http(http) = adapter {
-                validate_http(http).map_err(|m| format!("adapters.{name}.{m}"))?;
+            match adapter {
+                AdapterConfig::Http(http) => {
+                    validate_http(http).map_err(|m| format!("adapters.{name}.{m}"))?;
+                }
+                AdapterConfig::Grpc(grpc) => {
+                    if !(grpc.endpoint.starts_with("http://")
+                        || grpc.endpoint.starts_with("https://"))
+                    {
+                        return Err(format!(
+                            "adapters.{name}.endpoint: must start with http:// or https://"
+                        ));
+                    }
+                    if !(grpc.timeout_seconds > 0.0 && grpc.timeout_seconds <= 300.0) {
+                        return Err(format!(
+                            "adapters.{name}.timeout_seconds: must be greater than 0 and at most 300"
+                        ));
+                    }
+                }
+                AdapterConfig::None => {}
             }
         }
         Ok(())
@@ -437,6 +531,21 @@ adapters:
                 .action(&ActionType::parse("send_fax").unwrap())
                 .is_none()
         );
+    }
+
+    #[test]
+    fn backoff_grows_to_the_maximum_and_jitter_spreads_it() {
+        let reconcile = ReconcilePolicy {
+            interval_seconds: 2,
+            max_interval_seconds: 30,
+            ..ReconcilePolicy::default()
+        };
+        let secs: Vec<u64> = (1..=6).map(|n| reconcile.backoff(n).as_secs()).collect();
+        assert_eq!(secs, vec![2, 4, 8, 16, 30, 30]);
+        let low = reconcile.backoff_with_jitter(3, 0.0).as_secs_f64();
+        let high = reconcile.backoff_with_jitter(3, 0.999).as_secs_f64();
+        assert!((6.39..=6.41).contains(&low), "{low}");
+        assert!((9.58..=9.61).contains(&high), "{high}");
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct LookupRequest {
     pub action_type: String,
     /// The provider's id, when one was recorded.
     pub external_id: Option<String>,
+    /// The operation's business links.
+    pub references: BTreeMap<String, String>,
 }
 
 /// What a provider said.

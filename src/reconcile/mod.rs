@@ -12,16 +12,19 @@
 //! schedules another look.
 
 pub mod adapter;
+pub mod grpc;
+mod review;
 pub mod worker;
 
+use chrono::{DateTime, TimeDelta, Utc};
 use std::sync::Arc;
-use std::time::Duration;
 
-use chrono::TimeDelta;
-
-use crate::domain::error::JournalError;
-use crate::domain::model::{Namespace, OperationKey, OperationRecord, Status};
-use crate::domain::policy::{ActionPolicy, Policy};
+use crate::domain::error::{FieldViolation, JournalError};
+use crate::domain::model::{
+    Attribution, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
+};
+use crate::domain::policy::{ActionPolicy, OnUnresolved, Policy};
+use crate::journal::{PageToken, page_limit};
 use crate::store::{JournalStore, Resolution};
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
 
@@ -36,6 +39,8 @@ pub enum ReconcileAction {
     ReleasedForRetry,
     /// Kept `unknown`; another lookup is scheduled.
     KeptUnknown,
+    /// Kept `unknown` and marked for human review; no more automatic lookups.
+    Escalated,
     /// The row changed while the lookup ran; nothing was applied.
     Superseded,
 }
@@ -45,33 +50,65 @@ pub enum ReconcileAction {
 pub struct ReconcileReport {
     /// The record after the attempt.
     pub record: OperationRecord,
-    /// What the provider said.
-    pub observation: Observation,
+    /// What the provider said; `None` when no lookup was possible.
+    pub observation: Option<Observation>,
     /// What was done.
     pub action: ReconcileAction,
 }
 
-/// Settles unknown operations by asking providers.
+/// A reviewer's decision on an unknown operation.
+#[derive(Debug, Clone)]
+pub enum ReviewDecision {
+    /// The provider has the effect: its id (any text up to 200 characters) and result JSON.
+    Succeeded {
+        /// Provider's id.
+        external_id: String,
+        /// Result JSON text; empty for none.
+        result_json: String,
+    },
+    /// No effect, never retry automatically.
+    FailedFinal {
+        /// Short machine code.
+        error_code: String,
+    },
+    /// No effect; the next Begin may execute again with the same key.
+    ReleaseForRetry,
+}
+
+/// Settles unknown operations by asking providers, and by reviewers' decisions.
 #[derive(Clone)]
 pub struct Reconciler {
     store: Arc<dyn JournalStore>,
     policy: Arc<Policy>,
     adapters: AdapterSet,
+    actor: String,
 }
 
 impl Reconciler {
-    /// A reconciler over `store`, using the adapters of `policy`.
-    pub fn new(store: Arc<dyn JournalStore>, policy: Arc<Policy>, adapters: AdapterSet) -> Self {
+    /// A reconciler over `store`, using `adapters`; `actor` names it in the history
+    /// (e.g. the worker's host and process id).
+    pub fn new(
+        store: Arc<dyn JournalStore>,
+        policy: Arc<Policy>,
+        adapters: AdapterSet,
+        actor: impl Into<String>,
+    ) -> Self {
         Self {
             store,
             policy,
             adapters,
+            actor: actor.into(),
         }
     }
 
     /// The store behind the reconciler.
     pub fn store(&self) -> &Arc<dyn JournalStore> {
         &self.store
+    }
+
+    /// The name recorded in the history for this reconciler's transitions.
+    pub fn actor(&self) -> &str {
+        &self.actor
     }
 
     /// Reconciles one operation now, on request (the `ReconcileOperation` RPC).
@@ -98,35 +135,33 @@ impl Reconciler {
             });
         }
         let action = self.action_policy(&record)?;
-        let adapter = action
-            .reconcile
-            .adapter
-            .as_deref()
-            .and_then(|name| self.adapters.get(name))
+        let adapter = self
+            .adapter_for(action)
             .ok_or(JournalError::NoProviderAdapter)?;
         let observation = adapter.lookup(&lookup_request(&record)).await;
-        self.apply(record, action, observation).await
+        self.apply(record, action, Some(observation)).await
     }
 
-    /// Reconciles a record the worker claimed; an action without a lookup is kept unknown
-    /// and looked at again after its interval.
+    /// Reconciles a record the worker claimed. An action without a lookup is escalated to
+    /// review at once: it is never re-sent automatically.
     pub async fn reconcile_claimed(
         &self,
         record: OperationRecord,
     ) -> Result<ReconcileReport, JournalError> {
         let action = self.action_policy(&record)?;
-        let adapter = action
+        let observation = match self.adapter_for(action) {
+            Some(adapter) => Some(adapter.lookup(&lookup_request(&record)).await),
+            None => None,
+        };
+        self.apply(record, action, observation).await
+    }
+
+    fn adapter_for(&self, action: &ActionPolicy) -> Option<&Arc<dyn ProviderAdapter>> {
+        action
             .reconcile
             .adapter
             .as_deref()
-            .and_then(|name| self.adapters.get(name));
-        let observation = match adapter {
-            Some(adapter) => adapter.lookup(&lookup_request(&record)).await,
-            None => Observation::LookupFailed {
-                code: "no_provider_adapter".into(),
-            },
-        };
-        self.apply(record, action, observation).await
+            .and_then(|name| self.adapters.get(name))
     }
 
     fn action_policy(&self, record: &OperationRecord) -> Result<&ActionPolicy, JournalError> {
@@ -139,26 +174,165 @@ impl Reconciler {
         &self,
         record: OperationRecord,
         action: &ActionPolicy,
-        observation: Observation,
+        observation: Option<Observation>,
     ) -> Result<ReconcileReport, JournalError> {
-        let resolution = resolution_for(&record, action, &observation);
-        let applied = self.store.resolve(&record, &resolution).await?;
+        let resolution = match &observation {
+            Some(observation) => resolution_for(&record, action, observation, rand::random()),
+            None => Resolution::Escalate {
+                reason: "no_provider_lookup".into(),
+            },
+        };
+        let attribution = Attribution::worker(
+            self.actor.clone(),
+            describe(&resolution, observation.as_ref()),
+        );
+        let applied = self
+            .store
+            .resolve(&record, &resolution, &attribution, observation.is_some())
+            .await?;
         let (record, action) = match applied {
             Some(updated) => (updated, action_of(&resolution)),
-            None => {
-                let current = self
-                    .store
-                    .get(&record.namespace, &record.operation_key)
-                    .await?
-                    .ok_or(JournalError::NotFound)?;
-                (current, ReconcileAction::Superseded)
-            }
+            None => (self.current(&record).await?, ReconcileAction::Superseded),
         };
         Ok(ReconcileReport {
             record,
             observation,
             action,
         })
+    }
+
+    async fn current(&self, record: &OperationRecord) -> Result<OperationRecord, JournalError> {
+        self.store
+            .get(&record.namespace, &record.operation_key)
+            .await?
+            .ok_or(JournalError::NotFound)
+    }
+
+    /// Applies a reviewer's decision to an `unknown` operation, compare-and-set on the
+    /// attempt count the reviewer saw.
+    ///
+    /// Errors: `INVALID_ARGUMENT` for a missing reviewer, reason or a malformed field;
+    /// `NOT_FOUND`/`OPERATION_NOT_FOUND`; `FAILED_PRECONDITION`/`OPERATION_CHANGED` when
+    /// the operation is no longer unknown at that attempt.
+    pub async fn resolve_by_reviewer(
+        &self,
+        namespace: &str,
+        operation_key: &str,
+        expected_attempt: i32,
+        reviewer: &str,
+        reason: &str,
+        decision: ReviewDecision,
+    ) -> Result<OperationRecord, JournalError> {
+        let namespace = Namespace::parse(namespace)?;
+        let key = OperationKey::parse(operation_key)?;
+        let attribution = review::attribution(reviewer, reason)?;
+        let resolution = review::resolution(decision)?;
+        if expected_attempt < 1 {
+            return Err(JournalError::invalid(
+                "INVALID_EXPECTED_ATTEMPT",
+                FieldViolation::new(
+                    "expected_attempt_count",
+                    "must be the attempt_count of the operation as you saw it",
+                ),
+            ));
+        }
+        let current = self
+            .store
+            .get(&namespace, &key)
+            .await?
+            .ok_or(JournalError::NotFound)?;
+        if current.status != Status::Unknown || current.attempt_count != expected_attempt {
+            return Err(JournalError::OperationChanged {
+                status: current.status,
+                attempt_count: current.attempt_count,
+            });
+        }
+        match self
+            .store
+            .resolve(&current, &resolution, &attribution, false)
+            .await?
+        {
+            Some(record) => Ok(record),
+            None => {
+                let now = self.current(&current).await?;
+                Err(JournalError::OperationChanged {
+                    status: now.status,
+                    attempt_count: now.attempt_count,
+                })
+            }
+        }
+    }
+}
+
+impl Reconciler {
+    /// Operations waiting for review, oldest escalation first, and the next page token.
+    ///
+    /// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN` or `INVALID_PAGE_SIZE`.
+    pub async fn list_for_review(
+        &self,
+        namespace: &str,
+        page_size: i32,
+        page_token: &str,
+    ) -> Result<(Vec<OperationRecord>, String), JournalError> {
+        let namespace = Namespace::parse(namespace)?;
+        let limit = page_limit(page_size, 50, 500)?;
+        let filters = format!("review|{namespace}");
+        let after = if page_token.is_empty() {
+            None
+        } else {
+            Some(PageToken::decode(page_token, &filters)?)
+        };
+        let mut rows = self.store.list_review(&namespace, after, limit + 1).await?;
+        let next = next_token(&mut rows, limit, |last| {
+            last.review_required_at
+                .map(|at| PageToken::encode(at, last.operation_key.as_str(), &filters))
+        });
+        Ok((rows, next))
+    }
+
+    /// An operation's history, oldest first, and the next page token.
+    ///
+    /// Errors: `NOT_FOUND`/`OPERATION_NOT_FOUND` when the operation does not exist;
+    /// `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN`.
+    pub async fn history(
+        &self,
+        namespace: &str,
+        operation_key: &str,
+        page_size: i32,
+        page_token: &str,
+    ) -> Result<(Vec<OperationEvent>, String), JournalError> {
+        let namespace = Namespace::parse(namespace)?;
+        let key = OperationKey::parse(operation_key)?;
+        let limit = page_limit(page_size, 100, 1000)?;
+        let filters = format!("history|{namespace}|{key}");
+        let after = if page_token.is_empty() {
+            0
+        } else {
+            let (position, _) = PageToken::decode(page_token, &filters)?;
+            position.timestamp_micros()
+        };
+        if after == 0 && self.store.get(&namespace, &key).await?.is_none() {
+            return Err(JournalError::NotFound);
+        }
+        let mut events = self
+            .store
+            .history(&namespace, &key, after, limit + 1)
+            .await?;
+        let next = next_token(&mut events, limit, |last| {
+            DateTime::<Utc>::from_timestamp_micros(last.event_id)
+                .map(|position| PageToken::encode(position, "", &filters))
+        });
+        Ok((events, next))
+    }
+}
+
+/// Cuts `rows` (fetched with one extra) to `limit` and makes the next token from the last kept.
+fn next_token<T>(rows: &mut Vec<T>, limit: i64, token: impl Fn(&T) -> Option<String>) -> String {
+    if rows.len() as i64 > limit {
+        rows.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        rows.last().and_then(token).unwrap_or_default()
+    } else {
+        String::new()
     }
 }
 
@@ -168,16 +342,45 @@ fn lookup_request(record: &OperationRecord) -> LookupRequest {
         operation_key: record.operation_key.to_string(),
         action_type: record.action_type.to_string(),
         external_id: record.external_id.clone(),
+        references: record.references.clone(),
     }
 }
 
-/// Decides what an observation means for `record` under `action`'s schedule.
+/// When the outcome became unknown: the grace window and the escalation deadline count from
+/// here.
+fn unknown_since(record: &OperationRecord) -> DateTime<Utc> {
+    record
+        .unknown_since
+        .or(record.lease_until)
+        .unwrap_or(record.updated_at)
+}
+
+/// Decides what an observation means for `record` under `action`'s schedule; `jitter_unit`
+/// is a random draw in [0, 1).
 pub fn resolution_for(
     record: &OperationRecord,
     action: &ActionPolicy,
     observation: &Observation,
+    jitter_unit: f64,
 ) -> Resolution {
-    let interval = Duration::from_secs(u64::from(action.reconcile.interval_seconds));
+    let lookups = u32::try_from(record.reconcile_attempts.saturating_add(1)).unwrap_or(1);
+    let next_check_after = action.reconcile.backoff_with_jitter(lookups, jitter_unit);
+    let keep = |error_code: Option<String>| {
+        let deadline = action
+            .unknown_after_seconds
+            .map(|s| unknown_since(record) + TimeDelta::seconds(i64::from(s)));
+        let overdue = deadline.is_some_and(|d| record.observed_at >= d);
+        if overdue && action.on_unresolved == OnUnresolved::RequireHumanReview {
+            Resolution::Escalate {
+                reason: "unresolved_after_deadline".into(),
+            }
+        } else {
+            Resolution::KeepUnknown {
+                next_check_after,
+                error_code,
+            }
+        }
+    };
     match observation {
         Observation::Succeeded {
             external_id,
@@ -192,26 +395,16 @@ pub fn resolution_for(
         Observation::NotFound {
             search_complete: true,
         } if grace_has_passed(record, action) => Resolution::ReleaseForRetry,
-        Observation::NotFound { .. } | Observation::Pending => Resolution::KeepUnknown {
-            next_check_after: interval,
-            error_code: None,
-        },
-        Observation::LookupFailed { code } => Resolution::KeepUnknown {
-            next_check_after: interval,
-            error_code: Some(format!("lookup_{code}")),
-        },
+        Observation::NotFound { .. } | Observation::Pending => keep(None),
+        Observation::LookupFailed { code } => keep(Some(format!("lookup_{code}"))),
     }
 }
 
 /// Whether the absence grace window has passed since the outcome became unknown, by the
 /// database clock.
 fn grace_has_passed(record: &OperationRecord, action: &ActionPolicy) -> bool {
-    let since = record
-        .unknown_since
-        .or(record.lease_until)
-        .unwrap_or(record.updated_at);
     let grace = TimeDelta::seconds(i64::from(action.reconcile.absence_grace_seconds));
-    record.observed_at >= since + grace
+    record.observed_at >= unknown_since(record) + grace
 }
 
 fn action_of(resolution: &Resolution) -> ReconcileAction {
@@ -220,5 +413,29 @@ fn action_of(resolution: &Resolution) -> ReconcileAction {
         Resolution::FailedFinal { .. } => ReconcileAction::MarkedFailed,
         Resolution::ReleaseForRetry => ReconcileAction::ReleasedForRetry,
         Resolution::KeepUnknown { .. } => ReconcileAction::KeptUnknown,
+        Resolution::Escalate { .. } => ReconcileAction::Escalated,
+    }
+}
+
+/// The history's reason for a worker's transition: what was seen, and what it led to.
+fn describe(resolution: &Resolution, observation: Option<&Observation>) -> String {
+    let seen = match observation {
+        None => "no_lookup".to_owned(),
+        Some(Observation::Succeeded { .. }) => "found_succeeded".to_owned(),
+        Some(Observation::Failed { code }) => format!("found_failed:{code}"),
+        Some(Observation::Pending) => "found_pending".to_owned(),
+        Some(Observation::NotFound { search_complete }) => {
+            if *search_complete {
+                "not_found".to_owned()
+            } else {
+                "not_found_incomplete_search".to_owned()
+            }
+        }
+        Some(Observation::LookupFailed { code }) => format!("lookup_failed:{code}"),
+    };
+    match resolution {
+        Resolution::ReleaseForRetry => format!("{seen}; definitively_absent"),
+        Resolution::Escalate { reason } => format!("{seen}; escalated:{reason}"),
+        _ => seen,
     }
 }

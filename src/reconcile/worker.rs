@@ -48,6 +48,8 @@ pub struct TickStats {
     pub released: u64,
     /// Of those, superseded by a concurrent change.
     pub superseded: u64,
+    /// Of those, escalated to human review.
+    pub escalated: u64,
     /// Of those, whose reconcile failed with an error (logged).
     pub errors: u64,
 }
@@ -68,7 +70,9 @@ impl Worker {
     pub async fn tick(&self) -> Result<TickStats, StoreError> {
         let store = self.reconciler.store();
         let mut stats = TickStats {
-            swept: store.sweep_expired_leases(self.config.batch_size).await?,
+            swept: store
+                .sweep_expired_leases(self.config.batch_size, self.reconciler.actor())
+                .await?,
             ..TickStats::default()
         };
         let due = store
@@ -88,6 +92,7 @@ impl Worker {
                     }
                     ReconcileAction::ReleasedForRetry => stats.released += 1,
                     ReconcileAction::Superseded => stats.superseded += 1,
+                    ReconcileAction::Escalated => stats.escalated += 1,
                     ReconcileAction::KeptUnknown => {}
                 },
                 Err(error) => {
@@ -112,6 +117,7 @@ impl Worker {
                             settled = stats.settled,
                             released = stats.released,
                             superseded = stats.superseded,
+                            escalated = stats.escalated,
                             errors = stats.errors,
                             "reconcile poll"
                         );

@@ -19,7 +19,8 @@ use crate::domain::canonical::RequestHash;
 use crate::domain::error::JournalError;
 use crate::domain::lease::LeaseToken;
 use crate::domain::model::{
-    ActionType, ErrorCode, ExternalId, Namespace, OperationKey, OperationRecord, Status,
+    ActionType, Attribution, ErrorCode, ExternalId, Namespace, OperationEvent, OperationKey,
+    OperationRecord, Status,
 };
 
 pub use postgres::PgStore;
@@ -134,7 +135,13 @@ pub enum Resolution {
     },
     /// Proven absent -> `pending`, same key, so the next Begin executes again.
     ReleaseForRetry,
-    /// Still not known -> `unknown`; look again after the delay.
+    /// Not provable automatically -> stays `unknown`, marked for human review, never looked
+    /// up or retried automatically again.
+    Escalate {
+        /// Why: `unresolved_after_deadline` or `no_provider_lookup`.
+        reason: String,
+    },
+    /// Still not known -> `unknown`; look again after the delay (unless under review).
     KeepUnknown {
         /// Delay before the next lookup.
         next_check_after: Duration,
@@ -205,18 +212,39 @@ pub trait JournalStore: Send + Sync + 'static {
     /// Lists operations newest first.
     async fn list(&self, query: &ListQuery) -> Result<Vec<OperationRecord>, StoreError>;
 
-    /// Applies a reconcile resolution if the row is still as `expected` was read (same
-    /// status and attempt; an `in_progress` row only once its lease has ended). Counts the
-    /// lookup in `reconcile_attempts`.
+    /// Applies a resolution (from a lookup or a reviewer) if the row is still as `expected`
+    /// was read (same status and attempt; an `in_progress` row only once its lease has
+    /// ended), recording `attribution` in the history. `lookup_made` counts a provider lookup
+    /// in `reconcile_attempts`.
     async fn resolve(
         &self,
         expected: &OperationRecord,
         resolution: &Resolution,
+        attribution: &Attribution,
+        lookup_made: bool,
     ) -> Result<Option<OperationRecord>, StoreError>;
 
     /// Moves up to `limit` `in_progress` rows whose lease has ended to `unknown`, due for a
     /// lookup now; returns how many moved. Live leases are never touched.
-    async fn sweep_expired_leases(&self, limit: i64) -> Result<u64, StoreError>;
+    async fn sweep_expired_leases(&self, limit: i64, worker: &str) -> Result<u64, StoreError>;
+
+    /// Operations waiting for review in `namespace`, oldest escalation first, after the
+    /// (review_required_at, operation_key) position `after`.
+    async fn list_review(
+        &self,
+        namespace: &Namespace,
+        after: Option<(DateTime<Utc>, String)>,
+        limit: i64,
+    ) -> Result<Vec<OperationRecord>, StoreError>;
+
+    /// An operation's history after event `after_event_id`, oldest first.
+    async fn history(
+        &self,
+        namespace: &Namespace,
+        key: &OperationKey,
+        after_event_id: i64,
+        limit: i64,
+    ) -> Result<Vec<OperationEvent>, StoreError>;
 
     /// Claims up to `limit` unknown operations due for a lookup, pushing their next check
     /// `hold` into the future so that no other worker looks them up meanwhile.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, QueryBuilder, Row};
 use uuid::Uuid;
@@ -11,7 +12,10 @@ use uuid::Uuid;
 use super::{JournalStore, ListQuery, NewOperation, Resolution, Settlement, StoreError};
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
-use crate::domain::model::{ActionType, Namespace, OperationKey, OperationRecord, Status};
+use crate::domain::model::{
+    ActionType, ActorKind, Attribution, Namespace, OperationEvent, OperationKey, OperationRecord,
+    Status,
+};
 
 /// The migrations of this backend, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -20,7 +24,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 const COLUMNS: &str = "namespace, operation_key, action_type, request_hash, status, \
     attempt_count, external_id, result_json, error_code, lease_until, lease_id, \
     business_references, unknown_since, next_check_at, reconcile_attempts, created_at, \
-    updated_at, now() AS observed_at";
+    updated_at, review_required_at, review_reason, now() AS observed_at";
 
 /// The journal on Postgres.
 #[derive(Debug, Clone)]
@@ -123,6 +127,8 @@ fn record_from_row(row: &PgRow) -> Result<OperationRecord, StoreError> {
         unknown_since: row.try_get("unknown_since").map_err(get_err)?,
         next_check_at: row.try_get("next_check_at").map_err(get_err)?,
         reconcile_attempts: row.try_get("reconcile_attempts").map_err(get_err)?,
+        review_required_at: row.try_get("review_required_at").map_err(get_err)?,
+        review_reason: row.try_get("review_reason").map_err(get_err)?,
         created_at: row.try_get("created_at").map_err(get_err)?,
         updated_at: row.try_get("updated_at").map_err(get_err)?,
         observed_at: row.try_get("observed_at").map_err(get_err)?,
@@ -132,6 +138,30 @@ fn record_from_row(row: &PgRow) -> Result<OperationRecord, StoreError> {
 /// SQL assembled in this file from constant fragments only; every value is bound.
 fn trusted(sql: String) -> sqlx::AssertSqlSafe<String> {
     sqlx::AssertSqlSafe(sql)
+}
+
+fn truncate(text: &str, chars: usize) -> String {
+    text.chars().take(chars).collect()
+}
+
+fn event_from_row(row: &PgRow) -> Result<OperationEvent, StoreError> {
+    let get_err = |e: sqlx::Error| StoreError::Other(Box::new(e));
+    let from: Option<String> = row.try_get("from_status").map_err(get_err)?;
+    let to: String = row.try_get("to_status").map_err(get_err)?;
+    let kind: String = row.try_get("actor_kind").map_err(get_err)?;
+    Ok(OperationEvent {
+        event_id: row.try_get("event_id").map_err(get_err)?,
+        from_status: from
+            .map(|s| Status::from_db(&s).ok_or_else(|| corrupt("from_status")))
+            .transpose()?,
+        to_status: Status::from_db(&to).ok_or_else(|| corrupt("to_status"))?,
+        attempt_count: row.try_get("attempt_count").map_err(get_err)?,
+        review_required: row.try_get("review").map_err(get_err)?,
+        actor_kind: ActorKind::from_db(&kind).ok_or_else(|| corrupt("actor_kind"))?,
+        actor: row.try_get("actor").map_err(get_err)?,
+        reason: row.try_get("reason").map_err(get_err)?,
+        occurred_at: row.try_get("occurred_at").map_err(get_err)?,
+    })
 }
 
 fn seconds(duration: Duration) -> f64 {
@@ -147,9 +177,9 @@ impl JournalStore for PgStore {
         let sql = format!(
             "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
                  status, attempt_count, lease_until, lease_id, business_references, \
-                 created_at, updated_at) \
+                 last_actor_kind, last_actor, last_reason, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, 'in_progress', 1, now() + make_interval(secs => $5), \
-                 $6, $7, now(), now()) \
+                 $6, $7, 'client', '', 'registered', now(), now()) \
              ON CONFLICT (namespace, operation_key) DO NOTHING \
              RETURNING {COLUMNS}"
         );
@@ -196,9 +226,13 @@ impl JournalStore for PgStore {
              SET status = 'in_progress', attempt_count = attempt_count + 1, \
                  lease_until = now() + make_interval(secs => $5), lease_id = $6, \
                  error_code = NULL, unknown_since = NULL, next_check_at = NULL, \
+                 last_actor_kind = 'client', last_actor = '', \
+                 last_reason = CASE WHEN status = 'pending' THEN 'claimed' \
+                                    ELSE 'reclaimed_with_same_key' END, \
                  updated_at = now() \
              WHERE namespace = $1 AND operation_key = $2 \
                AND status = $3 AND attempt_count = $4 \
+               AND review_required_at IS NULL \
                AND (status <> 'in_progress' OR lease_until <= now()) \
              RETURNING {COLUMNS}"
         );
@@ -221,25 +255,29 @@ impl JournalStore for PgStore {
     ) -> Result<Option<OperationRecord>, StoreError> {
         // A holder may settle its own attempt from in_progress (even once its lease has
         // ended, as long as nobody took over) and, with a definitive answer, from unknown.
-        let fence = "WHERE namespace = $1 AND operation_key = $2 \
+        let fence = ", last_actor_kind = 'client', last_actor = '', review_required_at = NULL, \
+                     review_reason = NULL \
+                     WHERE namespace = $1 AND operation_key = $2 \
                      AND attempt_count = $3 AND lease_id = $4";
         let sql = match settlement {
             Settlement::Succeeded { .. } => format!(
                 "UPDATE agent_operations SET status = 'succeeded', external_id = $5, \
                      result_json = $6, error_code = NULL, lease_until = NULL, \
-                     unknown_since = NULL, next_check_at = NULL, updated_at = now() \
+                     unknown_since = NULL, next_check_at = NULL, updated_at = now(), \
+                     last_reason = 'completed' \
                  {fence} AND status IN ('in_progress', 'unknown') RETURNING {COLUMNS}"
             ),
             Settlement::FailedFinal { .. } => format!(
                 "UPDATE agent_operations SET status = 'failed_final', error_code = $5, \
                      lease_until = NULL, unknown_since = NULL, next_check_at = NULL, \
-                     updated_at = now() \
+                     updated_at = now(), last_reason = $5 \
                  {fence} AND status IN ('in_progress', 'unknown') RETURNING {COLUMNS}"
             ),
             Settlement::Unknown { .. } => format!(
                 "UPDATE agent_operations SET status = 'unknown', error_code = $5, \
                      lease_until = NULL, unknown_since = now(), \
-                     next_check_at = now() + make_interval(secs => $6), updated_at = now() \
+                     next_check_at = now() + make_interval(secs => $6), updated_at = now(), \
+                     last_reason = $5 \
                  {fence} AND status = 'in_progress' RETURNING {COLUMNS}"
             ),
         };
@@ -317,31 +355,45 @@ impl JournalStore for PgStore {
         &self,
         expected: &OperationRecord,
         resolution: &Resolution,
+        attribution: &Attribution,
+        lookup_made: bool,
     ) -> Result<Option<OperationRecord>, StoreError> {
+        let clear_review = "review_required_at = NULL, review_reason = NULL";
         let set = match resolution {
-            Resolution::Succeeded { .. } => {
-                "status = 'succeeded', external_id = COALESCE($5, external_id), \
-                 result_json = $6, error_code = NULL, lease_until = NULL, \
-                 unknown_since = NULL, next_check_at = NULL"
-            }
-            Resolution::FailedFinal { .. } => {
-                "status = 'failed_final', error_code = $5, lease_until = NULL, \
-                 unknown_since = NULL, next_check_at = NULL"
-            }
-            Resolution::ReleaseForRetry => {
+            Resolution::Succeeded { .. } => format!(
+                "status = 'succeeded', external_id = COALESCE($8, external_id), \
+                 result_json = $9, error_code = NULL, lease_until = NULL, \
+                 unknown_since = NULL, next_check_at = NULL, {clear_review}"
+            ),
+            Resolution::FailedFinal { .. } => format!(
+                "status = 'failed_final', error_code = $8, lease_until = NULL, \
+                 unknown_since = NULL, next_check_at = NULL, {clear_review}"
+            ),
+            Resolution::ReleaseForRetry => format!(
                 "status = 'pending', lease_until = NULL, lease_id = NULL, \
-                 error_code = 'released_after_absence', unknown_since = NULL, \
-                 next_check_at = NULL"
-            }
-            Resolution::KeepUnknown { .. } => {
-                "status = 'unknown', error_code = COALESCE($6, error_code), \
+                 error_code = 'released_for_retry', unknown_since = NULL, \
+                 next_check_at = NULL, {clear_review}"
+            ),
+            // An operation waiting for review is never scheduled again automatically.
+            Resolution::KeepUnknown { .. } => "status = 'unknown', \
+                 error_code = COALESCE($9, error_code), \
                  unknown_since = COALESCE(unknown_since, lease_until, now()), \
-                 lease_until = NULL, next_check_at = now() + make_interval(secs => $5)"
-            }
+                 lease_until = NULL, \
+                 next_check_at = CASE WHEN review_required_at IS NULL \
+                     THEN now() + make_interval(secs => $8) END"
+                .to_owned(),
+            Resolution::Escalate { .. } => "status = 'unknown', \
+                 unknown_since = COALESCE(unknown_since, lease_until, now()), \
+                 lease_until = NULL, next_check_at = NULL, \
+                 review_required_at = COALESCE(review_required_at, now()), \
+                 review_reason = COALESCE(review_reason, $8)"
+                .to_owned(),
         };
         let sql = format!(
             "UPDATE agent_operations SET {set}, \
-                 reconcile_attempts = reconcile_attempts + 1, updated_at = now() \
+                 reconcile_attempts = reconcile_attempts + $5, \
+                 last_actor_kind = $6, last_actor = $7, last_reason = $10, \
+                 updated_at = now() \
              WHERE namespace = $1 AND operation_key = $2 AND status = $3 \
                AND attempt_count = $4 \
                AND (status <> 'in_progress' OR lease_until <= now()) \
@@ -351,25 +403,32 @@ impl JournalStore for PgStore {
             .bind(expected.namespace.as_str())
             .bind(expected.operation_key.as_str())
             .bind(expected.status.as_str())
-            .bind(expected.attempt_count);
+            .bind(expected.attempt_count)
+            .bind(i32::from(lookup_made))
+            .bind(attribution.kind.as_str())
+            .bind(truncate(&attribution.actor, 200));
         let query = match resolution {
             Resolution::Succeeded {
                 external_id,
                 result_json,
             } => query.bind(external_id.clone()).bind(result_json.clone()),
-            Resolution::FailedFinal { error_code } => query.bind(error_code.clone()),
-            Resolution::ReleaseForRetry => query,
+            Resolution::FailedFinal { error_code } => {
+                query.bind(error_code.clone()).bind(None::<String>)
+            }
+            Resolution::ReleaseForRetry => query.bind(None::<String>).bind(None::<String>),
             Resolution::KeepUnknown {
                 next_check_after,
                 error_code,
             } => query
                 .bind(seconds(*next_check_after))
                 .bind(error_code.clone()),
+            Resolution::Escalate { reason } => query.bind(reason.clone()).bind(None::<String>),
         };
+        let query = query.bind(attribution.reason.as_deref().map(|r| truncate(r, 500)));
         self.fetch_optional(query).await
     }
 
-    async fn sweep_expired_leases(&self, limit: i64) -> Result<u64, StoreError> {
+    async fn sweep_expired_leases(&self, limit: i64, worker: &str) -> Result<u64, StoreError> {
         let result = sqlx::query(
             "WITH expired AS ( \
                  SELECT namespace, operation_key FROM agent_operations \
@@ -378,17 +437,67 @@ impl JournalStore for PgStore {
              UPDATE agent_operations o \
              SET status = 'unknown', error_code = 'lease_expired', \
                  unknown_since = o.lease_until, lease_until = NULL, \
-                 next_check_at = now(), updated_at = now() \
+                 next_check_at = now(), updated_at = now(), \
+                 last_actor_kind = 'worker', last_actor = $2, last_reason = 'lease_expired' \
              FROM expired \
              WHERE o.namespace = expired.namespace \
                AND o.operation_key = expired.operation_key \
                AND o.status = 'in_progress' AND o.lease_until < now()",
         )
         .bind(limit)
+        .bind(truncate(worker, 200))
         .execute(&self.pool)
         .await
         .map_err(classify)?;
         Ok(result.rows_affected())
+    }
+
+    async fn list_review(
+        &self,
+        namespace: &Namespace,
+        after: Option<(DateTime<Utc>, String)>,
+        limit: i64,
+    ) -> Result<Vec<OperationRecord>, StoreError> {
+        let mut sql: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+            "SELECT {COLUMNS} FROM agent_operations \
+             WHERE review_required_at IS NOT NULL AND namespace = "
+        ));
+        sql.push_bind(namespace.as_str());
+        if let Some((at, key)) = after {
+            sql.push(" AND (review_required_at, operation_key) > (")
+                .push_bind(at)
+                .push(", ")
+                .push_bind(key)
+                .push(")");
+        }
+        sql.push(" ORDER BY review_required_at, operation_key LIMIT ")
+            .push_bind(limit);
+        let rows = sql.build().fetch_all(&self.pool).await.map_err(classify)?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn history(
+        &self,
+        namespace: &Namespace,
+        key: &OperationKey,
+        after_event_id: i64,
+        limit: i64,
+    ) -> Result<Vec<OperationEvent>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT event_id, from_status, to_status, attempt_count, review, actor_kind, \
+                 actor, reason, occurred_at \
+             FROM operation_events \
+             WHERE namespace = $1 AND operation_key = $2 AND event_id > $3 \
+             ORDER BY event_id LIMIT $4",
+        )
+        .bind(namespace.as_str())
+        .bind(key.as_str())
+        .bind(after_event_id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(classify)?;
+        rows.iter().map(event_from_row).collect()
     }
 
     async fn claim_due(
