@@ -55,10 +55,21 @@ actions:
       on_timeout: retry_with_same_key
     reconcile:
       adapter: sandbox_payments
+  create_payment_deadline:
+    unknown_after_seconds: 1
+    on_unresolved: require_human_review
+    reconcile:
+      adapter: sandbox_payments
+      first_check_after_seconds: 0
+      interval_seconds: 1
+      absence_grace_seconds: 60
   send_email:
     reconcile:
+      adapter: email_no_lookup
       first_check_after_seconds: 0
 adapters:
+  email_no_lookup:
+    kind: none
   sandbox_payments:
     kind: http
     url: "{sandbox_url}/v1/payments/by-idempotency-key/{{operation_key}}"
@@ -184,6 +195,75 @@ impl TestApp {
         let response = request.send().await.ok()?;
         let status = response.status().as_u16();
         Some((status, response.json().await.unwrap_or_default()))
+    }
+
+    /// Sends an e-mail through the sandbox (no idempotency); `reference` is the external
+    /// reference the provider can be searched by. Returns None when the call timed out.
+    pub async fn send_email(&self, reference: &str, fault: Option<&str>) -> Option<u16> {
+        opjournal::app::install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_millis(400))
+            .build()
+            .unwrap();
+        let mut request =
+            client
+                .post(format!("{}/v1/emails", self.sandbox_url))
+                .json(&serde_json::json!({
+                    "to": "customer@example.com",
+                    "subject": "Your order",
+                    "external_reference": reference,
+                }));
+        if let Some(fault) = fault {
+            request = request.header("X-Sandbox-Fault", fault);
+        }
+        let response = request.send().await.ok()?;
+        Some(response.status().as_u16())
+    }
+
+    /// A reconcile worker over this app's database and adapters, as a replica named `name`.
+    pub fn worker(&self, name: &str) -> opjournal::reconcile::worker::Worker {
+        let policy = Arc::new(Policy::parse(&self.policy_yaml, "test-policy.yaml").unwrap());
+        let adapters = AdapterSet::from_policy(&policy).unwrap();
+        let store: Arc<dyn opjournal::store::JournalStore> =
+            Arc::new(PgStore::new(self.pool.clone()));
+        let reconciler = opjournal::reconcile::Reconciler::new(store, policy, adapters, name);
+        opjournal::reconcile::worker::Worker::new(
+            reconciler,
+            opjournal::reconcile::worker::WorkerConfig {
+                poll_interval: Duration::from_millis(100),
+                batch_size: 50,
+                concurrency: 8,
+                claim_hold: Duration::from_secs(60),
+            },
+        )
+    }
+
+    pub async fn get(&self, key: &str) -> proto::Operation {
+        self.journal
+            .clone()
+            .get_operation(proto::GetOperationRequest {
+                namespace: String::new(),
+                operation_key: key.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .operation
+            .unwrap()
+    }
+
+    pub async fn report_unknown(&self, token: &str) -> proto::Operation {
+        self.journal
+            .clone()
+            .report_unknown_outcome(proto::ReportUnknownOutcomeRequest {
+                lease_token: token.into(),
+                error_code: "timeout".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .operation
+            .unwrap()
     }
 
     pub fn counts(&self, key: &str) -> KeyCounts {
