@@ -32,7 +32,7 @@ async fn unknown_payment(app: &TestApp, key: &str, action: &str, fault: &str) ->
     assert!(
         app.pay(key, PAY_817, Some(fault))
             .await
-            .map_or(true, |(s, _)| s >= 500)
+            .is_none_or(|(s, _)| s >= 500)
     );
     app.report_unknown(&begin.lease_token).await;
     begin.lease_token
