@@ -9,7 +9,13 @@
 //! as definitive absence, which releases the operation for retry with the same key, only
 //! when the adapter declares its search complete AND the action's absence grace window has
 //! passed since the outcome became unknown. Anything else keeps the operation unknown and
-//! schedules another look.
+//! schedules another look, with exponential backoff and jitter.
+//!
+//! What cannot be proven is handed to a person instead of guessed: an action with no
+//! lookup at all goes to review at once, and one still unknown after its
+//! `unknown_after_seconds` is escalated (`on_unresolved: require_human_review`). An operation
+//! under review is never looked up or retried automatically again; a reviewer settles it
+//! with a compare-and-set on the attempt they saw.
 
 pub mod adapter;
 pub mod grpc;
