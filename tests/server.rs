@@ -163,3 +163,63 @@ async fn list_operations_pages_through_a_namespace_with_filters(pool: PgPool) {
         (Code::InvalidArgument, "INVALID_PAGE_TOKEN")
     );
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn reflection_v1_and_v1alpha_list_every_service(pool: PgPool) {
+    use tonic_reflection::pb::{v1, v1alpha};
+    let app = TestApp::spawn(pool).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", app.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let expected = [
+        "grpc.health.v1.Health",
+        "opjournal.v1.OperationJournal",
+        "opjournal.v1.Reconciler",
+    ];
+
+    let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut stream = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = stream.message().await.unwrap().unwrap();
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        response.message_response
+    else {
+        panic!("unexpected reflection answer");
+    };
+    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    for service in expected {
+        assert!(
+            names.iter().any(|n| n == service),
+            "v1 lacks {service}: {names:?}"
+        );
+    }
+
+    let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(channel);
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
+    };
+    let mut stream = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = stream.message().await.unwrap().unwrap();
+    assert!(matches!(
+        response.message_response,
+        Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(_))
+    ));
+}
