@@ -10,6 +10,9 @@ ALTER TABLE agent_operations
     ADD COLUMN last_actor_kind    VARCHAR(20) NOT NULL DEFAULT 'client',
     ADD COLUMN last_actor         VARCHAR(200) NOT NULL DEFAULT '',
     ADD COLUMN last_reason        VARCHAR(500),
+    -- Whether the holder of the current attempt has reported an outcome: a token reports
+    -- once (repeats of the same outcome are answered from the row).
+    ADD COLUMN outcome_reported   BOOLEAN NOT NULL DEFAULT false,
     ADD CONSTRAINT agent_operations_actor_kind CHECK (
         last_actor_kind IN ('client', 'worker', 'reviewer')
     ),

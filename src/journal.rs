@@ -537,6 +537,9 @@ impl PageToken {
             .get("k")
             .and_then(serde_json::Value::as_str)
             .ok_or_else(invalid)?;
+        if !key.is_empty() && OperationKey::parse(key).is_err() {
+            return Err(invalid());
+        }
         let created_at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?;
         Ok((created_at, key.to_owned()))
     }

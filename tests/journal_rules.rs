@@ -393,3 +393,260 @@ async fn leases_are_clamped_and_renewed_on_the_database_clock(pool: PgPool) {
             .await;
     assert!(broken.is_err());
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_token_reports_once_and_a_contradicting_report_is_refused(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let begin = app.begin(KEY, "create_payment", PAY).await.unwrap();
+    report_unknown(&app, &begin.lease_token).await.unwrap();
+    // Repeating the same report is fine; contradicting it is not.
+    report_unknown(&app, &begin.lease_token).await.unwrap();
+    for err in [
+        fail(&app, &begin.lease_token, "card_declined")
+            .await
+            .unwrap_err(),
+        complete(&app, &begin.lease_token, "pay_1", "")
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(
+            (err.code(), reason(&err).as_str()),
+            (Code::FailedPrecondition, "OUTCOME_ALREADY_RECORDED")
+        );
+    }
+    assert_eq!(op_status(&get(&app, KEY).await), OperationStatus::Unknown);
+    // A retried Complete with another result is not the same outcome either.
+    let begin = app.begin("k2", "create_payment", PAY).await.unwrap();
+    complete(&app, &begin.lease_token, "pay_2", r#"{"a":1}"#)
+        .await
+        .unwrap();
+    let err = complete(&app, &begin.lease_token, "pay_2", r#"{"a":2}"#)
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "OUTCOME_ALREADY_RECORDED");
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_holder_reports_after_the_sweep_with_its_own_error_code(pool: PgPool) {
+    let app = TestApp::spawn_with(pool, opjournal::sandbox::SandboxConfig::default(), 3600).await;
+    let begin = app
+        .begin_in("", KEY, "create_payment", PAY, 1)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(app.worker("w").tick().await.unwrap().swept, 1);
+    let op = get(&app, KEY).await;
+    assert_eq!(op.error_code.as_deref(), Some("lease_expired"));
+    let reported = app
+        .journal
+        .clone()
+        .report_unknown_outcome(ReportUnknownOutcomeRequest {
+            lease_token: begin.lease_token.clone(),
+            error_code: "provider_timeout".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .operation
+        .unwrap();
+    assert_eq!(reported.error_code.as_deref(), Some("provider_timeout"));
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_late_success_after_a_release_is_kept_and_nothing_runs_again(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // The lease ends unreported; the provider has nothing yet; the grace window is 0 here.
+    let begin = app
+        .begin_in("", KEY, "create_payment", PAY, 1)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let stats = app.worker("w").tick().await.unwrap();
+    assert_eq!(stats.released, 1);
+    assert_eq!(op_status(&get(&app, KEY).await), OperationStatus::Pending);
+    // The holder's very slow call did go through after all; its report is accepted because
+    // no later attempt exists.
+    let done = complete(&app, &begin.lease_token, "pay_late", "")
+        .await
+        .unwrap();
+    assert_eq!(op_status(&done), OperationStatus::Succeeded);
+    let replay = app.begin(KEY, "create_payment", PAY).await.unwrap();
+    assert_eq!(decision(&replay), Decision::Replay);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn malformed_report_fields_and_references_are_invalid_arguments(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let begin = app.begin(KEY, "create_payment", PAY).await.unwrap();
+    let cases = [
+        (
+            complete(&app, &begin.lease_token, "pay\u{0}1", "").await,
+            "external_id",
+        ),
+        (
+            complete(&app, &begin.lease_token, &"x".repeat(201), "").await,
+            "external_id",
+        ),
+        (
+            fail(&app, &begin.lease_token, "card declined!").await,
+            "error_code",
+        ),
+        (fail(&app, &begin.lease_token, "").await, "error_code"),
+    ];
+    for (result, field) in cases {
+        let err = result.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}");
+        assert_eq!(violated_field(&err), field);
+    }
+    for references in [
+        vec![("order_id".to_owned(), "8\u{0}17".to_owned())],
+        vec![("bad key".to_owned(), "817".to_owned())],
+        (0..17).map(|i| (format!("r{i}"), "v".to_owned())).collect(),
+    ] {
+        let err = app
+            .journal
+            .clone()
+            .begin_operation(opjournal::proto::BeginOperationRequest {
+                operation_key: "k-refs".into(),
+                action_type: "create_payment".into(),
+                payload_json: PAY.into(),
+                references: references.into_iter().collect(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (err.code(), reason(&err).as_str()),
+            (Code::InvalidArgument, "INVALID_REFERENCES")
+        );
+    }
+    for key in ["zero\u{200B}width", "bidi\u{202E}", "\u{FEFF}bom"] {
+        let err = app.begin(key, "create_payment", PAY).await.unwrap_err();
+        assert_eq!(reason(&err), "INVALID_OPERATION_KEY");
+    }
+    let err = app
+        .journal
+        .clone()
+        .list_operations(opjournal::proto::ListOperationsRequest {
+            page_size: -1,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "INVALID_PAGE_SIZE");
+    // A forged page token naming an impossible key is refused, not an internal error.
+    use base64::Engine as _;
+    let forged = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(r#"{"c":0,"k":"a\u0000b","f":"0000000000000000"}"#);
+    let err = app
+        .journal
+        .clone()
+        .list_operations(opjournal::proto::ListOperationsRequest {
+            page_token: forged,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), reason(&err).as_str()),
+        (Code::InvalidArgument, "INVALID_PAGE_TOKEN")
+    );
+    assert_eq!(app.rows_for("k-refs").await, 0);
+    // The holder's lease was untouched by all of it.
+    complete(&app, &begin.lease_token, "pay_1", "")
+        .await
+        .unwrap();
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn tenants_sharing_a_provider_never_see_each_others_effects(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // Tenant "default" pays with the key; tenant-b registers the same key for another amount.
+    let a = app
+        .begin(PAYMENT_KEY, "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert_eq!(a.operation.as_ref().unwrap().provider_key, PAYMENT_KEY);
+    let (status, payment) = app.pay(PAYMENT_KEY, PAY_817, None).await.unwrap();
+    assert_eq!(status, 201);
+    complete(&app, &a.lease_token, payment["id"].as_str().unwrap(), "")
+        .await
+        .unwrap();
+    let b = app
+        .begin_in(
+            "tenant-b",
+            PAYMENT_KEY,
+            "create_payment",
+            PAY_817_OTHER_AMOUNT,
+            0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(decision(&b), Decision::Execute);
+    let provider_key = b.operation.as_ref().unwrap().provider_key.clone();
+    assert_eq!(provider_key, format!("tenant-b/{PAYMENT_KEY}"));
+    // tenant-b's call never reached the provider; reconciling must not find tenant A's payment.
+    report_unknown(&app, &b.lease_token).await.unwrap();
+    let reconciled = app
+        .reconciler
+        .clone()
+        .reconcile_operation(opjournal::proto::ReconcileOperationRequest {
+            namespace: "tenant-b".into(),
+            operation_key: PAYMENT_KEY.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let op = reconciled.operation.unwrap();
+    assert_ne!(op_status(&op), OperationStatus::Succeeded);
+    assert_eq!(op.external_id, None);
+    assert_eq!(app.counts(&provider_key).lookups, 1);
+    // Its own payment goes through at the provider under its own key.
+    let again = app
+        .begin_in(
+            "tenant-b",
+            PAYMENT_KEY,
+            "create_payment",
+            PAY_817_OTHER_AMOUNT,
+            0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(decision(&again), Decision::Execute);
+    let (status, _) = app
+        .pay(&provider_key, PAY_817_OTHER_AMOUNT, None)
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    assert_eq!(app.counts(PAYMENT_KEY).effects, 1);
+    assert_eq!(app.counts(&provider_key).effects, 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_key_the_lookup_url_cannot_address_is_never_taken_as_absent(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    for key in [".", ".."] {
+        let begin = app.begin(key, "create_payment", PAY).await.unwrap();
+        report_unknown(&app, &begin.lease_token).await.unwrap();
+        let reconciled = app
+            .reconciler
+            .clone()
+            .reconcile_operation(opjournal::proto::ReconcileOperationRequest {
+                namespace: String::new(),
+                operation_key: key.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            op_status(reconciled.operation.as_ref().unwrap()),
+            OperationStatus::Unknown,
+            "{key}"
+        );
+        assert_eq!(
+            opjournal::proto::ObservationOutcome::try_from(reconciled.observation.unwrap().outcome)
+                .unwrap(),
+            opjournal::proto::ObservationOutcome::LookupFailed
+        );
+    }
+}

@@ -249,7 +249,18 @@ impl ProviderAdapter for GatedAdapter {
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_completion_by_the_holder_during_a_reconcile_stands(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    let token = unknown_payment(&app, PAYMENT_KEY, "create_payment", "commit-then-timeout").await;
+    // The holder's call is slow: its 1 s lease ends before the provider answers.
+    let begin = app
+        .begin_in("", PAYMENT_KEY, "create_payment", PAY_817, 1)
+        .await
+        .unwrap();
+    let token = begin.lease_token;
+    assert!(
+        app.pay(PAYMENT_KEY, PAY_817, Some("commit-then-timeout"))
+            .await
+            .is_none()
+    );
+    tokio::time::sleep(Duration::from_millis(1300)).await;
 
     let policy = Arc::new(Policy::parse(&app.policy_yaml, "test-policy.yaml").unwrap());
     let mut adapters = AdapterSet::from_policy(&policy).unwrap();
@@ -270,7 +281,8 @@ async fn a_completion_by_the_holder_during_a_reconcile_stands(pool: PgPool) {
     let tick = tokio::spawn(async move { worker.tick().await.unwrap() });
     entered.notified().await;
 
-    // The late answer reaches the holder, which completes with the same token.
+    // The worker swept the lease and is looking the operation up when the late answer
+    // reaches the holder, which completes with its token: no later attempt exists.
     let done = app
         .journal
         .clone()

@@ -68,6 +68,7 @@ pub fn operation(record: &OperationRecord) -> proto::Operation {
         reconcile_attempts: record.reconcile_attempts,
         review_required_at: record.review_required_at.map(timestamp),
         review_reason: record.review_reason.clone().unwrap_or_default(),
+        provider_key: record.provider_key(),
     }
 }
 

@@ -3,6 +3,7 @@
 //! error variant does not compile until it is given a code and a reason.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
@@ -20,6 +21,13 @@ pub fn status(
     metadata: HashMap<String, String>,
 ) -> Status {
     let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
+    Status::with_error_details(code, message, details)
+}
+
+/// Builds a status with one `ErrorInfo` and a `RetryInfo` suggesting `delay`.
+fn retryable(code: Code, reason: &str, message: &str, delay: Duration) -> Status {
+    let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::new());
+    details.set_retry_info(Some(delay));
     Status::with_error_details(code, message, details)
 }
 
@@ -62,11 +70,11 @@ impl From<JournalError> for Status {
                 format!("this lease already recorded another outcome; the operation is {current}"),
                 HashMap::from([("status".to_owned(), current.to_string())]),
             ),
-            JournalError::Contention => status(
+            JournalError::Contention => retryable(
                 Code::Aborted,
                 "CONCURRENT_MODIFICATION",
                 "the operation changed concurrently; retry the call",
-                HashMap::new(),
+                Duration::from_millis(50),
             ),
             JournalError::NotFound => status(
                 Code::NotFound,
@@ -125,11 +133,11 @@ impl From<JournalError> for Status {
             ),
             JournalError::StoreUnavailable(source) => {
                 tracing::warn!(error = %source, "store unavailable");
-                status(
+                retryable(
                     Code::Unavailable,
                     "STORE_UNAVAILABLE",
                     "the journal database is unavailable; retry the call later",
-                    HashMap::new(),
+                    Duration::from_secs(1),
                 )
             }
             JournalError::Internal(source) => {

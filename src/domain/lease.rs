@@ -196,6 +196,7 @@ mod tests {
             reconcile_attempts: 0,
             review_required_at: None,
             review_reason: None,
+            last_actor_kind: crate::domain::model::ActorKind::Client,
             created_at: now,
             updated_at: now,
             observed_at: now,

@@ -82,14 +82,25 @@ impl fmt::Display for Namespace {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct OperationKey(String);
 
+/// Characters that render as nothing or reorder text: allowed in no key, so that two keys
+/// that look identical are identical (zero-width, bidirectional controls, BOM, separators).
+fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
+}
+
 impl OperationKey {
     /// Parses the request's `operation_key` field.
     pub fn parse(value: &str) -> Result<Self, JournalError> {
         check_length("operation_key", value, MAX_KEY_CHARS)?;
-        if value.chars().any(char::is_control) {
+        if value.chars().any(|c| c.is_control() || is_invisible(c)) {
             return Err(JournalError::invalid(
                 "INVALID_OPERATION_KEY",
-                FieldViolation::new("operation_key", "must not contain control characters"),
+                FieldViolation::new(
+                    "operation_key",
+                    "must not contain control or invisible formatting characters",
+                ),
             ));
         }
         Ok(Self(value.to_owned()))
@@ -295,6 +306,8 @@ pub struct OperationRecord {
     pub review_required_at: Option<DateTime<Utc>>,
     /// Why it was escalated.
     pub review_reason: Option<String>,
+    /// Who made the last recorded transition.
+    pub last_actor_kind: ActorKind,
     /// First registration (database clock).
     pub created_at: DateTime<Utc>,
     /// Last change (database clock).
@@ -303,7 +316,25 @@ pub struct OperationRecord {
     pub observed_at: DateTime<Utc>,
 }
 
+/// The idempotency key to send to the provider for (`namespace`, `key`): the key itself in
+/// the `default` namespace (single-tenant deployments see exactly the key they chose), and
+/// `<namespace>/<key>` elsewhere, so that tenants sharing one provider account never collide
+/// there. A `default` key containing `/` is sent as `default/<key>`; since namespaces cannot
+/// contain `/`, the mapping is one-to-one.
+pub fn provider_key(namespace: &Namespace, key: &OperationKey) -> String {
+    if namespace.as_str() == DEFAULT_NAMESPACE && !key.as_str().contains('/') {
+        key.as_str().to_owned()
+    } else {
+        format!("{}/{}", namespace.as_str(), key.as_str())
+    }
+}
+
 impl OperationRecord {
+    /// The idempotency key to send to the provider (see [`provider_key`]).
+    pub fn provider_key(&self) -> String {
+        provider_key(&self.namespace, &self.operation_key)
+    }
+
     /// Whether the row holds a lease that has not yet ended, by the database clock.
     pub fn has_live_lease(&self) -> bool {
         self.status == Status::InProgress

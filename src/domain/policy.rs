@@ -254,7 +254,8 @@ pub struct GrpcAdapterConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpAdapterConfig {
-    /// URL template; `{operation_key}`, `{external_id}` and `{namespace}` are replaced by the
+    /// URL template; `{provider_key}` (the key the provider was called with),
+    /// `{operation_key}`, `{external_id}` and `{namespace}` are replaced by the
     /// percent-encoded values. A template with `{external_id}` is used only when the
     /// operation has one.
     pub url: String,
@@ -271,6 +272,11 @@ pub struct HttpAdapterConfig {
     /// HTTP statuses that mean "not found".
     #[serde(default = "default_absent")]
     pub absent_statuses: Vec<u16>,
+    /// When set, an absent status counts as "not found" only if the answer's body matches
+    /// (e.g. `/error` is `not_found`); any other answer with that status is a failed lookup,
+    /// so a wrong URL or a proxy's error page is never taken for proof of absence.
+    #[serde(default)]
+    pub absent_match: Option<BodyMatch>,
     /// How to read a found object.
     #[serde(default)]
     pub response: ResponseMapping,
@@ -281,6 +287,16 @@ fn default_timeout() -> f64 {
 }
 fn default_absent() -> Vec<u16> {
     vec![404]
+}
+
+/// A condition on a JSON answer: the value at `pointer` is one of `values`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BodyMatch {
+    /// JSON Pointer into the answer.
+    pub pointer: String,
+    /// Accepted values (strings).
+    pub values: Vec<String>,
 }
 
 /// A header value taken from an environment variable.
@@ -447,8 +463,11 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), String> {
     if !(http.url.starts_with("http://") || http.url.starts_with("https://")) {
         return Err("url: must start with http:// or https://".into());
     }
-    if !http.url.contains("{operation_key}") && !http.url.contains("{external_id}") {
-        return Err("url: must contain {operation_key} or {external_id}".into());
+    if !["{provider_key}", "{operation_key}", "{external_id}"]
+        .iter()
+        .any(|p| http.url.contains(p))
+    {
+        return Err("url: must contain {provider_key}, {operation_key} or {external_id}".into());
     }
     if !(http.timeout_seconds > 0.0 && http.timeout_seconds <= 300.0) {
         return Err("timeout_seconds: must be greater than 0 and at most 300".into());
@@ -457,6 +476,7 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), String> {
         .response
         .status_pointer
         .iter()
+        .chain(http.absent_match.iter().map(|m| &m.pointer))
         .chain(http.response.external_id_pointer.iter())
         .chain(http.response.keep_fields.iter());
     for pointer in pointers {
@@ -499,8 +519,9 @@ actions:
 adapters:
   payments:
     kind: http
-    url: "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{operation_key}"
+    url: "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{provider_key}"
     search_complete: true
+    absent_match: { pointer: /error, values: [not_found] }
     response:
       status_pointer: /status
       succeeded_values: [succeeded]

@@ -16,8 +16,10 @@ use crate::domain::policy::{AdapterConfig, HttpAdapterConfig, Policy};
 pub struct LookupRequest {
     /// Tenant namespace.
     pub namespace: String,
-    /// The idempotency key passed to the provider.
+    /// The operation's idempotency key in the journal.
     pub operation_key: String,
+    /// The idempotency key the provider was called with (`Operation.provider_key`).
+    pub provider_key: String,
     /// The action type.
     pub action_type: String,
     /// The provider's id, when one was recorded.
@@ -166,9 +168,21 @@ impl HttpAdapter {
         if template.contains("{external_id}") && request.external_id.is_none() {
             return None;
         }
+        // "." and ".." would be removed from the path as dot segments and address another
+        // resource, whose 404 would then read as "absent".
+        let values = [
+            request.provider_key.as_str(),
+            request.operation_key.as_str(),
+            request.namespace.as_str(),
+            request.external_id.as_deref().unwrap_or_default(),
+        ];
+        if values.iter().any(|v| matches!(*v, "." | "..")) {
+            return None;
+        }
         let encode = |v: &str| utf8_percent_encode(v, SEGMENT).to_string();
         Some(
             template
+                .replace("{provider_key}", &encode(&request.provider_key))
                 .replace("{operation_key}", &encode(&request.operation_key))
                 .replace("{namespace}", &encode(&request.namespace))
                 .replace(
@@ -221,6 +235,21 @@ impl HttpAdapter {
     }
 }
 
+/// Reads a JSON answer of at most [`MAX_RESPONSE_BYTES`]; `None` for anything else.
+async fn read_json(response: reqwest::Response) -> Option<Value> {
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
+    {
+        return None;
+    }
+    let bytes = response.bytes().await.ok()?;
+    if bytes.len() > MAX_RESPONSE_BYTES {
+        return None;
+    }
+    serde_json::from_slice(&bytes).ok()
+}
+
 fn sanitize_code(value: &str) -> String {
     value
         .chars()
@@ -234,7 +263,7 @@ impl ProviderAdapter for HttpAdapter {
     async fn lookup(&self, request: &LookupRequest) -> Observation {
         let Some(url) = self.url(request) else {
             return Observation::LookupFailed {
-                code: "external_id_unknown".into(),
+                code: "not_addressable".into(),
             };
         };
         let response = match self
@@ -259,6 +288,19 @@ impl ProviderAdapter for HttpAdapter {
         };
         let status = response.status().as_u16();
         if self.config.absent_statuses.contains(&status) {
+            if let Some(expected) = &self.config.absent_match {
+                let body = read_json(response).await;
+                let matched = body
+                    .as_ref()
+                    .and_then(|b| b.pointer(&expected.pointer))
+                    .and_then(Value::as_str)
+                    .is_some_and(|v| expected.values.iter().any(|e| e == v));
+                if !matched {
+                    return Observation::LookupFailed {
+                        code: format!("unexpected_{status}"),
+                    };
+                }
+            }
             return Observation::NotFound {
                 search_complete: self.config.search_complete,
             };
@@ -268,27 +310,9 @@ impl ProviderAdapter for HttpAdapter {
                 code: format!("http_{status}"),
             };
         }
-        if response
-            .content_length()
-            .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
-        {
-            return Observation::LookupFailed {
-                code: "response_too_large".into(),
-            };
-        }
-        let Ok(bytes) = response.bytes().await else {
-            return Observation::LookupFailed {
-                code: "response_read_failed".into(),
-            };
-        };
-        if bytes.len() > MAX_RESPONSE_BYTES {
-            return Observation::LookupFailed {
-                code: "response_too_large".into(),
-            };
-        }
-        match serde_json::from_slice::<Value>(&bytes) {
-            Ok(body) => self.read_found(&body),
-            Err(_) => Observation::LookupFailed {
+        match read_json(response).await {
+            Some(body) => self.read_found(&body),
+            None => Observation::LookupFailed {
                 code: "response_not_json".into(),
             },
         }

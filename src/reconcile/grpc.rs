@@ -45,6 +45,7 @@ impl ProviderAdapter for GrpcAdapter {
         let call = LookupOperationRequest {
             namespace: request.namespace.clone(),
             operation_key: request.operation_key.clone(),
+            provider_key: request.provider_key.clone(),
             action_type: request.action_type.clone(),
             external_id: request.external_id.clone().unwrap_or_default(),
             references: request.references.clone().into_iter().collect(),

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::model::{
-    Attribution, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
+    Attribution, ExternalId, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
 };
 use crate::domain::policy::{ActionPolicy, OnUnresolved, Policy};
 use crate::journal::{PageToken, page_limit};
@@ -182,6 +182,19 @@ impl Reconciler {
         action: &ActionPolicy,
         observation: Option<Observation>,
     ) -> Result<ReconcileReport, JournalError> {
+        // What a provider says is input too: an id the journal cannot store is a failed lookup.
+        let observation = observation.map(|o| match o {
+            Observation::Succeeded { external_id, .. }
+                if external_id
+                    .as_deref()
+                    .is_some_and(|id| ExternalId::parse_optional(id).is_err()) =>
+            {
+                Observation::LookupFailed {
+                    code: "invalid_external_id".into(),
+                }
+            }
+            other => other,
+        });
         let resolution = match &observation {
             Some(observation) => resolution_for(&record, action, observation, rand::random()),
             None => Resolution::Escalate {
@@ -346,6 +359,7 @@ fn lookup_request(record: &OperationRecord) -> LookupRequest {
     LookupRequest {
         namespace: record.namespace.to_string(),
         operation_key: record.operation_key.to_string(),
+        provider_key: record.provider_key(),
         action_type: record.action_type.to_string(),
         external_id: record.external_id.clone(),
         references: record.references.clone(),
@@ -371,7 +385,7 @@ pub fn resolution_for(
 ) -> Resolution {
     let lookups = u32::try_from(record.reconcile_attempts.saturating_add(1)).unwrap_or(1);
     let next_check_after = action.reconcile.backoff_with_jitter(lookups, jitter_unit);
-    let keep = |error_code: Option<String>| {
+    let keep = || {
         let deadline = action
             .unknown_after_seconds
             .map(|s| unknown_since(record) + TimeDelta::seconds(i64::from(s)));
@@ -381,10 +395,7 @@ pub fn resolution_for(
                 reason: "unresolved_after_deadline".into(),
             }
         } else {
-            Resolution::KeepUnknown {
-                next_check_after,
-                error_code,
-            }
+            Resolution::KeepUnknown { next_check_after }
         }
     };
     match observation {
@@ -401,8 +412,9 @@ pub fn resolution_for(
         Observation::NotFound {
             search_complete: true,
         } if grace_has_passed(record, action) => Resolution::ReleaseForRetry,
-        Observation::NotFound { .. } | Observation::Pending => keep(None),
-        Observation::LookupFailed { code } => keep(Some(format!("lookup_{code}"))),
+        Observation::NotFound { .. } | Observation::Pending | Observation::LookupFailed { .. } => {
+            keep()
+        }
     }
 }
 

@@ -34,9 +34,15 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
     }
 
-    /// 404 `not_found`.
+    /// 404 `not_found`: no such object.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 404 `no_such_route`: the path names no endpoint (distinct from "no such object", so a
+    /// wrong lookup URL is never mistaken for proof of absence).
+    pub fn no_such_route() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "no_such_route", "no such route")
     }
 
     /// 503 `unavailable`, for the `fail-before-store` fault.

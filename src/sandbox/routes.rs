@@ -49,7 +49,7 @@ fn route(
 
 async fn unknown_route(method: Method) -> ApiError {
     tracing::info!(method = %method, route = "<unmatched>", status = 404, "sandbox request");
-    ApiError::not_found("no such route")
+    ApiError::no_such_route()
 }
 
 async fn method_not_allowed() -> ApiError {

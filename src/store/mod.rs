@@ -101,13 +101,16 @@ impl Settlement {
     /// Whether `row` already holds exactly this outcome (a retried report).
     pub fn already_recorded_in(&self, row: &OperationRecord) -> bool {
         match self {
+            // The same success: the same provider id, and the same result unless the row was
+            // settled by someone else (a reconcile keeps only the provider's kept fields).
             Self::Succeeded {
                 external_id,
                 result_json,
             } => {
                 row.status == Status::Succeeded
                     && row.external_id.as_deref() == external_id.as_ref().map(ExternalId::as_str)
-                    && row.result_json == *result_json
+                    && (row.result_json == *result_json
+                        || row.last_actor_kind != crate::domain::model::ActorKind::Client)
             }
             Self::FailedFinal { error_code } => {
                 row.status == Status::FailedFinal
@@ -141,12 +144,11 @@ pub enum Resolution {
         /// Why: `unresolved_after_deadline` or `no_provider_lookup`.
         reason: String,
     },
-    /// Still not known -> `unknown`; look again after the delay (unless under review).
+    /// Still not known -> `unknown`; look again after the delay (unless under review). The
+    /// holder's error code is kept; what the lookup saw goes to the history.
     KeepUnknown {
         /// Delay before the next lookup.
         next_check_after: Duration,
-        /// Why, if the lookup failed.
-        error_code: Option<String>,
     },
 }
 

@@ -24,7 +24,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 const COLUMNS: &str = "namespace, operation_key, action_type, request_hash, status, \
     attempt_count, external_id, result_json, error_code, lease_until, lease_id, \
     business_references, unknown_since, next_check_at, reconcile_attempts, created_at, \
-    updated_at, review_required_at, review_reason, now() AS observed_at";
+    updated_at, review_required_at, review_reason, last_actor_kind, now() AS observed_at";
 
 /// The journal on Postgres.
 #[derive(Debug, Clone)]
@@ -129,6 +129,10 @@ fn record_from_row(row: &PgRow) -> Result<OperationRecord, StoreError> {
         reconcile_attempts: row.try_get("reconcile_attempts").map_err(get_err)?,
         review_required_at: row.try_get("review_required_at").map_err(get_err)?,
         review_reason: row.try_get("review_reason").map_err(get_err)?,
+        last_actor_kind: {
+            let kind: String = row.try_get("last_actor_kind").map_err(get_err)?;
+            ActorKind::from_db(&kind).ok_or_else(|| corrupt("last_actor_kind"))?
+        },
         created_at: row.try_get("created_at").map_err(get_err)?,
         updated_at: row.try_get("updated_at").map_err(get_err)?,
         observed_at: row.try_get("observed_at").map_err(get_err)?,
@@ -226,7 +230,7 @@ impl JournalStore for PgStore {
              SET status = 'in_progress', attempt_count = attempt_count + 1, \
                  lease_until = now() + make_interval(secs => $5), lease_id = $6, \
                  error_code = NULL, unknown_since = NULL, next_check_at = NULL, \
-                 last_actor_kind = 'client', last_actor = '', \
+                 last_actor_kind = 'client', last_actor = '', outcome_reported = false, \
                  last_reason = CASE WHEN status = 'pending' THEN 'claimed' \
                                     ELSE 'reclaimed_with_same_key' END, \
                  updated_at = now() \
@@ -253,32 +257,35 @@ impl JournalStore for PgStore {
         token: &LeaseToken,
         settlement: &Settlement,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        // A holder may settle its own attempt from in_progress (even once its lease has
-        // ended, as long as nobody took over) and, with a definitive answer, from unknown.
+        // The holder of an attempt reports once, while no later attempt exists: from
+        // in_progress (even after its lease ended), or from unknown or pending when the sweep
+        // or a release, not the holder, put it there.
         let fence = ", last_actor_kind = 'client', last_actor = '', review_required_at = NULL, \
-                     review_reason = NULL \
+                     review_reason = NULL, outcome_reported = true \
                      WHERE namespace = $1 AND operation_key = $2 \
-                     AND attempt_count = $3 AND lease_id = $4";
+                     AND attempt_count = $3 AND lease_id = $4 \
+                     AND (status = 'in_progress' \
+                          OR (status IN ('unknown', 'pending') AND NOT outcome_reported))";
         let sql = match settlement {
             Settlement::Succeeded { .. } => format!(
                 "UPDATE agent_operations SET status = 'succeeded', external_id = $5, \
                      result_json = $6, error_code = NULL, lease_until = NULL, \
                      unknown_since = NULL, next_check_at = NULL, updated_at = now(), \
                      last_reason = 'completed' \
-                 {fence} AND status IN ('in_progress', 'unknown') RETURNING {COLUMNS}"
+                 {fence} RETURNING {COLUMNS}"
             ),
             Settlement::FailedFinal { .. } => format!(
                 "UPDATE agent_operations SET status = 'failed_final', error_code = $5, \
                      lease_until = NULL, unknown_since = NULL, next_check_at = NULL, \
                      updated_at = now(), last_reason = $5 \
-                 {fence} AND status IN ('in_progress', 'unknown') RETURNING {COLUMNS}"
+                 {fence} RETURNING {COLUMNS}"
             ),
             Settlement::Unknown { .. } => format!(
                 "UPDATE agent_operations SET status = 'unknown', error_code = $5, \
                      lease_until = NULL, unknown_since = now(), \
                      next_check_at = now() + make_interval(secs => $6), updated_at = now(), \
                      last_reason = $5 \
-                 {fence} AND status = 'in_progress' RETURNING {COLUMNS}"
+                 {fence} RETURNING {COLUMNS}"
             ),
         };
         let query = sqlx::query(trusted(sql))
@@ -370,13 +377,12 @@ impl JournalStore for PgStore {
                  unknown_since = NULL, next_check_at = NULL, {clear_review}"
             ),
             Resolution::ReleaseForRetry => format!(
-                "status = 'pending', lease_until = NULL, lease_id = NULL, \
+                "status = 'pending', lease_until = NULL, \
                  error_code = 'released_for_retry', unknown_since = NULL, \
                  next_check_at = NULL, {clear_review}"
             ),
             // An operation waiting for review is never scheduled again automatically.
             Resolution::KeepUnknown { .. } => "status = 'unknown', \
-                 error_code = COALESCE($9, error_code), \
                  unknown_since = COALESCE(unknown_since, lease_until, now()), \
                  lease_until = NULL, \
                  next_check_at = CASE WHEN review_required_at IS NULL \
@@ -416,12 +422,9 @@ impl JournalStore for PgStore {
                 query.bind(error_code.clone()).bind(None::<String>)
             }
             Resolution::ReleaseForRetry => query.bind(None::<String>).bind(None::<String>),
-            Resolution::KeepUnknown {
-                next_check_after,
-                error_code,
-            } => query
-                .bind(seconds(*next_check_after))
-                .bind(error_code.clone()),
+            Resolution::KeepUnknown { next_check_after } => {
+                query.bind(seconds(*next_check_after)).bind(None::<String>)
+            }
             Resolution::Escalate { reason } => query.bind(reason.clone()).bind(None::<String>),
         };
         let query = query.bind(attribution.reason.as_deref().map(|r| truncate(r, 500)));

@@ -72,9 +72,10 @@ adapters:
     kind: none
   sandbox_payments:
     kind: http
-    url: "{sandbox_url}/v1/payments/by-idempotency-key/{{operation_key}}"
+    url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
     timeout_seconds: 2
     search_complete: true
+    absent_match: {{ pointer: /error, values: [not_found] }}
     response:
       status_pointer: /status
       succeeded_values: [succeeded]

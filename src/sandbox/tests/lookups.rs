@@ -222,7 +222,7 @@ async fn counters_and_odd_keys() {
     assert_eq!(health, json!({"status": "ok"}));
     let (status, body) = get(&client, format!("{base}/v1/nothing-here")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_error(&body, "not_found");
+    assert_error(&body, "no_such_route");
     let wrong_method = client
         .delete(format!("{base}/v1/stats"))
         .send()
