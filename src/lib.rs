@@ -4,7 +4,8 @@
 //! policy and knows nothing of gRPC or SQL; [`store`] persists the journal behind the
 //! [`store::JournalStore`] trait; [`journal`] holds the use cases; [`reconcile`] asks
 //! providers what really happened through provider adapters; [`api`] exposes it all over
-//! gRPC. [`sandbox`] is a fake HTTP provider for tests, demos and local stands.
+//! gRPC; [`ops`] holds the operator commands, gRPC clients of that API. [`sandbox`] is a
+//! fake HTTP provider for tests, demos and local stands.
 
 pub mod api;
 pub mod app;
@@ -12,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod journal;
+pub mod ops;
 pub mod proto;
 pub mod reconcile;
 pub mod sandbox;

@@ -1,0 +1,262 @@
+//! The gRPC calls behind the operator commands, with pagination followed to the end or to
+//! the operator's limit.
+
+use std::time::Duration;
+
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::api::convert::status_to_proto;
+use crate::domain::model::Status as OperationStatus;
+use crate::proto;
+use crate::proto::operation_journal_client::OperationJournalClient;
+use crate::proto::reconciler_client::ReconcilerClient;
+
+/// How long to wait for the TCP connection to the server.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one call may take; a reconcile includes the provider lookup.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest page the server serves for operations.
+const MAX_OPERATIONS_PAGE: u32 = 500;
+/// The largest page the server serves for history events.
+const MAX_HISTORY_PAGE: i32 = 1000;
+
+/// Filters of `list`.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Tenant namespace; empty means the server's default.
+    pub namespace: String,
+    /// Only this status.
+    pub status: Option<OperationStatus>,
+    /// Only this action type; empty means any.
+    pub action_type: String,
+}
+
+/// A ReconcileOperation answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reconciled {
+    /// The record after the observation was applied.
+    pub operation: proto::Operation,
+    /// What the provider adapter saw; `None` when no lookup was made.
+    pub observation: Option<proto::Observation>,
+    /// What was done, a `ReconcileAction` value.
+    pub action: i32,
+}
+
+/// A client of both services on one channel.
+#[derive(Debug, Clone)]
+pub struct OpsClient {
+    journal: OperationJournalClient<Channel>,
+    reconciler: ReconcilerClient<Channel>,
+}
+
+impl OpsClient {
+    /// A client of the server at `server`. The connection is made by the first call, so an
+    /// unreachable server shows up as that call's `UNAVAILABLE`.
+    pub fn new(server: Uri) -> Self {
+        let channel = Endpoint::from(server)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(CALL_TIMEOUT)
+            .connect_lazy();
+        Self {
+            journal: OperationJournalClient::new(channel.clone()),
+            reconciler: ReconcilerClient::new(channel),
+        }
+    }
+
+    /// Up to `limit` operations matching `filter`, newest first (ListOperations).
+    pub async fn list(
+        &mut self,
+        filter: &ListFilter,
+        limit: u32,
+    ) -> Result<Vec<proto::Operation>, Status> {
+        let status = filter.status.map(status_to_proto).unwrap_or_default();
+        let mut operations = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = self
+                .journal
+                .list_operations(proto::ListOperationsRequest {
+                    namespace: filter.namespace.clone(),
+                    status: status.into(),
+                    action_type: filter.action_type.clone(),
+                    page_size: page_size(limit, operations.len()),
+                    page_token: page_token.clone(),
+                })
+                .await?
+                .into_inner();
+            operations.extend(page.operations);
+            if !next_page(
+                &mut page_token,
+                page.next_page_token,
+                operations.len(),
+                limit,
+            ) {
+                break;
+            }
+        }
+        operations.truncate(limit_len(limit));
+        Ok(operations)
+    }
+
+    /// One operation (GetOperation).
+    ///
+    /// Errors: `NOT_FOUND`/`OPERATION_NOT_FOUND`.
+    pub async fn get(&mut self, namespace: &str, key: &str) -> Result<proto::Operation, Status> {
+        self.journal
+            .get_operation(proto::GetOperationRequest {
+                namespace: namespace.to_owned(),
+                operation_key: key.to_owned(),
+            })
+            .await?
+            .into_inner()
+            .operation
+            .ok_or_else(|| missing("GetOperationResponse.operation"))
+    }
+
+    /// The whole history of an operation, oldest first (GetOperationHistory, every page).
+    pub async fn history(
+        &mut self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Vec<proto::OperationEvent>, Status> {
+        let mut events = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = self
+                .reconciler
+                .get_operation_history(proto::GetOperationHistoryRequest {
+                    namespace: namespace.to_owned(),
+                    operation_key: key.to_owned(),
+                    page_size: MAX_HISTORY_PAGE,
+                    page_token: page_token.clone(),
+                })
+                .await?
+                .into_inner();
+            events.extend(page.events);
+            if !next_page(&mut page_token, page.next_page_token, 0, u32::MAX) {
+                break;
+            }
+        }
+        Ok(events)
+    }
+
+    /// Up to `limit` operations waiting for review, oldest escalation first.
+    pub async fn review(
+        &mut self,
+        namespace: &str,
+        limit: u32,
+    ) -> Result<Vec<proto::Operation>, Status> {
+        let mut operations = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = self
+                .reconciler
+                .list_operations_for_review(proto::ListOperationsForReviewRequest {
+                    namespace: namespace.to_owned(),
+                    page_size: page_size(limit, operations.len()),
+                    page_token: page_token.clone(),
+                })
+                .await?
+                .into_inner();
+            operations.extend(page.operations);
+            if !next_page(
+                &mut page_token,
+                page.next_page_token,
+                operations.len(),
+                limit,
+            ) {
+                break;
+            }
+        }
+        operations.truncate(limit_len(limit));
+        Ok(operations)
+    }
+
+    /// Reconciles one operation now (ReconcileOperation).
+    ///
+    /// Errors: `NOT_FOUND`/`OPERATION_NOT_FOUND`; `FAILED_PRECONDITION` with
+    /// `OPERATION_NOT_RECONCILABLE` or `NO_PROVIDER_ADAPTER`.
+    pub async fn reconcile(&mut self, namespace: &str, key: &str) -> Result<Reconciled, Status> {
+        let response = self
+            .reconciler
+            .reconcile_operation(proto::ReconcileOperationRequest {
+                namespace: namespace.to_owned(),
+                operation_key: key.to_owned(),
+            })
+            .await?
+            .into_inner();
+        Ok(Reconciled {
+            operation: response
+                .operation
+                .ok_or_else(|| missing("ReconcileOperationResponse.operation"))?,
+            observation: response.observation,
+            action: response.action,
+        })
+    }
+
+    /// Settles an unknown operation by a reviewer's decision (ResolveOperation).
+    ///
+    /// Errors: `FAILED_PRECONDITION`/`OPERATION_CHANGED` when the operation is no longer
+    /// unknown at the expected attempt; `INVALID_ARGUMENT` for a bad reviewer, reason or field.
+    pub async fn resolve(
+        &mut self,
+        request: proto::ResolveOperationRequest,
+    ) -> Result<proto::Operation, Status> {
+        self.reconciler
+            .resolve_operation(request)
+            .await?
+            .into_inner()
+            .operation
+            .ok_or_else(|| missing("ResolveOperationResponse.operation"))
+    }
+}
+
+/// The page size to ask for when `have` of `limit` rows are in hand.
+fn page_size(limit: u32, have: usize) -> i32 {
+    let have = u32::try_from(have).unwrap_or(u32::MAX);
+    let wanted = limit.saturating_sub(have).clamp(1, MAX_OPERATIONS_PAGE);
+    i32::try_from(wanted).unwrap_or(1)
+}
+
+fn limit_len(limit: u32) -> usize {
+    usize::try_from(limit).unwrap_or(usize::MAX)
+}
+
+/// Moves to the next page; false at the end, at the limit, or when the server repeats the
+/// previous token (which would loop forever).
+fn next_page(current: &mut String, next: String, have: usize, limit: u32) -> bool {
+    if next.is_empty() || next == *current || have >= limit_len(limit) {
+        return false;
+    }
+    *current = next;
+    true
+}
+
+/// The error for a response without a field the contract promises (decoded, but malformed).
+fn missing(field: &str) -> Status {
+    Status::internal(format!("the server's response has no {field}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_ask_for_what_is_still_wanted_within_the_server_maximum() {
+        assert_eq!(page_size(50, 0), 50);
+        assert_eq!(page_size(50, 30), 20);
+        assert_eq!(page_size(2000, 0), 500);
+        assert_eq!(page_size(10, 10), 1);
+    }
+
+    #[test]
+    fn paging_stops_at_the_end_the_limit_or_a_repeated_token() {
+        let mut token = String::new();
+        assert!(next_page(&mut token, "a".into(), 5, 10));
+        assert_eq!(token, "a");
+        assert!(!next_page(&mut token, "a".into(), 6, 10));
+        assert!(!next_page(&mut token, "b".into(), 10, 10));
+        assert!(!next_page(&mut token, String::new(), 1, 10));
+    }
+}
