@@ -8,5 +8,7 @@
 //! payload (the journal keeps only its hash) or a lease token (no read returns one).
 
 pub mod client;
+pub mod format;
+pub mod rows;
 
 pub use client::{ListFilter, OpsClient};
