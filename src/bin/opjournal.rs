@@ -1,10 +1,13 @@
 //! `opjournal`: the journal's gRPC server and operator commands.
 
+use std::process::ExitCode;
+
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use opjournal::cli::{CommonFlags, ServeFlags};
 use opjournal::config::Config;
-use opjournal::{api, app};
+use opjournal::ops::OpsCommand;
+use opjournal::{api, app, ops};
 
 #[derive(Parser)]
 #[command(
@@ -24,13 +27,15 @@ enum Command {
     Migrate(CommonFlags),
     /// Validate the configuration and the policy file without starting.
     CheckConfig(CommonFlags),
+    #[command(flatten)]
+    Ops(OpsCommand),
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(flags) => serve(flags).await,
+        Command::Serve(flags) => serve(flags).await.map(|()| ExitCode::SUCCESS),
         Command::Migrate(flags) => {
             let config = Config::load(flags.config.as_ref(), &flags)?;
             app::init_tracing(config.log_format);
@@ -39,14 +44,15 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("migrate")?;
             println!("migrations applied");
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::CheckConfig(flags) => {
             let config = Config::load(flags.config.as_ref(), &flags)?;
             app::build(&config)?;
             println!("configuration and policy are valid");
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
+        Command::Ops(command) => Ok(ops::run(command).await),
     }
 }
 

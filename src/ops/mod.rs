@@ -7,8 +7,153 @@
 //! states never change) is enforced by the server, not here. Nothing printed can carry a
 //! payload (the journal keeps only its hash) or a lease token (no read returns one).
 
+pub mod args;
 pub mod client;
+pub mod error;
 pub mod format;
 pub mod rows;
 
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use serde::Serialize;
+
+pub use args::OpsCommand;
 pub use client::{ListFilter, OpsClient};
+pub use error::ErrorReport;
+use rows::{EventRow, OperationDetail, OperationRow, ReconcileRow};
+
+/// The result of a command, before it is printed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// `list`: operations, newest first.
+    Operations(Vec<OperationRow>),
+    /// `review`: operations waiting for review, oldest escalation first.
+    Review(Vec<OperationRow>),
+    /// `show`: the record with its result, and its history, oldest first.
+    Show {
+        /// The record.
+        operation: OperationDetail,
+        /// Its history.
+        history: Vec<EventRow>,
+    },
+    /// `reconcile`: the observation, the action, the record after.
+    Reconcile(ReconcileRow),
+    /// `resolve`: the record after the decision.
+    Resolved(OperationRow),
+}
+
+impl Output {
+    /// The text for people.
+    pub fn text(&self) -> String {
+        match self {
+            Self::Operations(rows) => format::operations_table(rows),
+            Self::Review(rows) => format::review_table(rows),
+            Self::Show { operation, history } => format::show(operation, history),
+            Self::Reconcile(row) => format::reconcile(row),
+            Self::Resolved(row) => format::operation(row),
+        }
+    }
+
+    /// The JSON document for scripts, fields in declaration order: an array for `list` and
+    /// `review`, an object otherwise (`show`: `{"operation", "history"}`; `reconcile`:
+    /// `{"operation", "observation", "action"}`; `resolve`: the operation).
+    pub fn json(&self) -> serde_json::Result<String> {
+        match self {
+            Self::Operations(rows) | Self::Review(rows) => serde_json::to_string_pretty(rows),
+            Self::Show { operation, history } => {
+                serde_json::to_string_pretty(&ShowDocument { operation, history })
+            }
+            Self::Reconcile(row) => serde_json::to_string_pretty(row),
+            Self::Resolved(row) => serde_json::to_string_pretty(row),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ShowDocument<'a> {
+    operation: &'a OperationDetail,
+    history: &'a [EventRow],
+}
+
+/// Calls the server for `command` and returns what to print.
+///
+/// Errors: the server's status, unchanged; `UNAVAILABLE` when it cannot be reached;
+/// `INTERNAL` when its response lacks a field the contract promises.
+pub async fn execute(
+    client: &mut OpsClient,
+    command: &OpsCommand,
+) -> Result<Output, tonic::Status> {
+    let namespace = command.common().namespace.as_str();
+    Ok(match command {
+        OpsCommand::List(a) => {
+            let filter = ListFilter {
+                namespace: namespace.to_owned(),
+                status: a.status.map(Into::into),
+                action_type: a.action_type.clone().unwrap_or_default(),
+            };
+            let operations = client.list(&filter, a.limit).await?;
+            Output::Operations(operations.iter().map(OperationRow::from).collect())
+        }
+        OpsCommand::Show(a) => {
+            let operation = client.get(namespace, &a.key).await?;
+            let history = client.history(namespace, &a.key).await?;
+            Output::Show {
+                operation: OperationDetail::from(&operation),
+                history: history.iter().map(EventRow::from).collect(),
+            }
+        }
+        OpsCommand::Review(a) => {
+            let operations = client.review(namespace, a.limit).await?;
+            Output::Review(operations.iter().map(OperationRow::from).collect())
+        }
+        OpsCommand::Reconcile(a) => {
+            let reconciled = client.reconcile(namespace, &a.key).await?;
+            Output::Reconcile(ReconcileRow::from(&reconciled))
+        }
+        OpsCommand::Resolve(a) => {
+            let operation = client.resolve(a.request()?).await?;
+            Output::Resolved(OperationRow::from(&operation))
+        }
+    })
+}
+
+/// Runs `command` against `--server` and prints the result on stdout (text, or one JSON
+/// document with `--json`). A failure is printed on stderr as
+/// `error: <CODE> <REASON>: <message>` (and, with `--json`, as `{"error": {...}}` on
+/// stdout). Returns the exit code: 0, [`error::EXIT_REFUSED`] or [`error::EXIT_FAILED`].
+pub async fn run(command: OpsCommand) -> ExitCode {
+    let json = command.common().json;
+    let mut client = OpsClient::new(command.common().server.clone());
+    let (document, code) = match execute(&mut client, &command).await {
+        Ok(output) if json => (output.json().map(line), ExitCode::SUCCESS),
+        Ok(output) => (Ok(output.text()), ExitCode::SUCCESS),
+        Err(status) => {
+            let report = ErrorReport::from_status(&status);
+            eprintln!("{}", report.line());
+            let document = if json {
+                report.json().map(line)
+            } else {
+                Ok(String::new())
+            };
+            (document, report.exit_code())
+        }
+    };
+    let written = document.map_err(std::io::Error::from).and_then(|document| {
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(document.as_bytes())?;
+        stdout.flush()
+    });
+    match written {
+        Ok(()) => code,
+        Err(e) => {
+            eprintln!("error: cannot write the output: {e}");
+            ExitCode::from(error::EXIT_FAILED)
+        }
+    }
+}
+
+fn line(mut text: String) -> String {
+    text.push('\n');
+    text
+}

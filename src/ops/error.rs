@@ -1,0 +1,151 @@
+//! A failed call as the operator sees it: the gRPC code, the `ErrorInfo` reason, the message,
+//! and the exit code scripts branch on.
+
+use std::process::ExitCode;
+
+use serde::Serialize;
+use tonic::Code;
+use tonic_types::StatusExt as _;
+
+/// Exit code of a call the server refused because of the request or the operation's state
+/// (`INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `FAILED_PRECONDITION`, `ABORTED`);
+/// clap's usage errors use it too. Repeating the same command will not help.
+pub const EXIT_REFUSED: u8 = 2;
+/// Exit code of every other failure (server unreachable, unavailable, internal error).
+pub const EXIT_FAILED: u8 = 1;
+
+/// One failed call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ErrorReport {
+    /// The gRPC code; written in UPPER_SNAKE (`NOT_FOUND`).
+    #[serde(serialize_with = "serialize_code")]
+    pub code: Code,
+    /// The `google.rpc.ErrorInfo` reason (`OPERATION_NOT_FOUND`); `None` when the status
+    /// carries none (e.g. the server could not be reached).
+    pub reason: Option<String>,
+    /// The message, for people; scripts match on `code` and `reason`.
+    pub message: String,
+}
+
+impl ErrorReport {
+    /// The report of a status.
+    pub fn from_status(status: &tonic::Status) -> Self {
+        Self {
+            code: status.code(),
+            reason: status.get_details_error_info().map(|info| info.reason),
+            message: status.message().to_owned(),
+        }
+    }
+
+    /// The stderr line: `error: <CODE> <REASON>: <message>`.
+    pub fn line(&self) -> String {
+        format!(
+            "error: {} {}: {}",
+            code_name(self.code),
+            self.reason.as_deref().unwrap_or(super::format::EMPTY),
+            self.message
+        )
+    }
+
+    /// The `--json` document: `{"error": {"code", "reason", "message"}}`.
+    pub fn json(&self) -> serde_json::Result<String> {
+        #[derive(Serialize)]
+        struct Document<'a> {
+            error: &'a ErrorReport,
+        }
+        serde_json::to_string_pretty(&Document { error: self })
+    }
+
+    /// The process exit code for this failure.
+    pub fn exit_code(&self) -> ExitCode {
+        ExitCode::from(exit_status(self.code))
+    }
+}
+
+/// `EXIT_REFUSED` for the codes that describe the request or the operation's state,
+/// `EXIT_FAILED` otherwise.
+pub fn exit_status(code: Code) -> u8 {
+    match code {
+        Code::InvalidArgument
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::FailedPrecondition
+        | Code::Aborted => EXIT_REFUSED,
+        Code::Ok
+        | Code::Cancelled
+        | Code::Unknown
+        | Code::DeadlineExceeded
+        | Code::PermissionDenied
+        | Code::ResourceExhausted
+        | Code::OutOfRange
+        | Code::Unimplemented
+        | Code::Internal
+        | Code::Unavailable
+        | Code::DataLoss
+        | Code::Unauthenticated => EXIT_FAILED,
+    }
+}
+
+/// The canonical UPPER_SNAKE name of a gRPC code.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+fn serialize_code<S: serde::Serializer>(code: &Code, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(code_name(*code))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::api::status::status;
+
+    #[test]
+    fn a_refusal_names_code_and_reason_and_exits_two() {
+        let report = ErrorReport::from_status(&status(
+            Code::FailedPrecondition,
+            "OPERATION_CHANGED",
+            "changed",
+            HashMap::new(),
+        ));
+        assert_eq!(
+            report.line(),
+            "error: FAILED_PRECONDITION OPERATION_CHANGED: changed"
+        );
+        assert_eq!(exit_status(report.code), EXIT_REFUSED);
+        let json: serde_json::Value = serde_json::from_str(&report.json().unwrap()).unwrap();
+        assert_eq!(json["error"]["code"], "FAILED_PRECONDITION");
+        assert_eq!(json["error"]["reason"], "OPERATION_CHANGED");
+    }
+
+    #[test]
+    fn an_unreachable_server_has_no_reason_and_exits_one() {
+        let report = ErrorReport::from_status(&tonic::Status::unavailable("connection refused"));
+        assert_eq!(report.line(), "error: UNAVAILABLE -: connection refused");
+        assert_eq!(exit_status(report.code), EXIT_FAILED);
+        let json: serde_json::Value = serde_json::from_str(&report.json().unwrap()).unwrap();
+        assert_eq!(json["error"]["reason"], serde_json::Value::Null);
+    }
+}
