@@ -88,14 +88,20 @@ impl AdapterSet {
     pub fn from_policy(policy: &Policy) -> Result<Self, AdapterError> {
         let mut adapters: BTreeMap<String, Arc<dyn ProviderAdapter>> = BTreeMap::new();
         for (name, config) in &policy.adapters {
-            if let AdapterConfig::Http(http) = config {
-                let adapter =
-                    HttpAdapter::new((**http).clone()).map_err(|message| AdapterError {
-                        adapter: name.clone(),
-                        message,
-                    })?;
-                adapters.insert(name.clone(), Arc::new(adapter));
-            }
+            let error = |message| AdapterError {
+                adapter: name.clone(),
+                message,
+            };
+            let adapter: Arc<dyn ProviderAdapter> = match config {
+                AdapterConfig::Http(http) => {
+                    Arc::new(HttpAdapter::new((**http).clone()).map_err(error)?)
+                }
+                AdapterConfig::Grpc(grpc) => {
+                    Arc::new(super::grpc::GrpcAdapter::new(grpc).map_err(error)?)
+                }
+                AdapterConfig::None => continue,
+            };
+            adapters.insert(name.clone(), adapter);
         }
         Ok(Self { adapters })
     }
