@@ -14,7 +14,7 @@ pub struct CommonFlags {
     #[arg(long, env = "OPJOURNAL_CONFIG")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Postgres URL [default: postgres://postgres@127.0.0.1:5432/opjournal].
+    /// Postgres URL (default: postgres://postgres@127.0.0.1:5432/opjournal).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub database_url: Option<String>,
@@ -35,7 +35,7 @@ pub struct ServeFlags {
     #[command(flatten)]
     #[serde(flatten)]
     pub common: CommonFlags,
-    /// gRPC listen address [default: 127.0.0.1:50051].
+    /// gRPC listen address (default: 127.0.0.1:50051).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,

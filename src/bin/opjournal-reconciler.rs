@@ -18,7 +18,7 @@ struct Cli {
     #[command(flatten)]
     #[serde(flatten)]
     common: CommonFlags,
-    /// gRPC health listen address [default: 127.0.0.1:50052].
+    /// gRPC health listen address (default: 127.0.0.1:50052).
     #[arg(long)]
     #[serde(
         rename = "reconciler_health_listen",

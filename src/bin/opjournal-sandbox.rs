@@ -16,7 +16,7 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "opjournal-sandbox",
     version,
-    about,
+    about = "Fake HTTP payment and e-mail provider with an in-memory store, for tests, demos and local stands",
     allow_negative_numbers = true
 )]
 struct Args {
