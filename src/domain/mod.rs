@@ -6,3 +6,4 @@ pub mod error;
 pub mod lease;
 pub mod model;
 pub mod policy;
+mod policy_file;

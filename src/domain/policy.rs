@@ -28,8 +28,8 @@ pub struct Policy {
     /// `INVALID_ARGUMENT`, reason `ACTION_TYPE_NOT_CONFIGURED`.
     #[serde(default)]
     pub default_action: Option<ActionPolicy>,
-    /// Per action type.
-    #[serde(default)]
+    /// Per action type (the article's `tool_policy` is accepted as another name for it).
+    #[serde(default, alias = "tool_policy")]
     pub actions: BTreeMap<String, ActionPolicy>,
     /// Provider adapters by name, referenced from `actions.*.reconcile.adapter`.
     #[serde(default)]
@@ -84,6 +84,77 @@ pub struct ActionPolicy {
     /// What happens to an operation still unknown after `unknown_after_seconds`.
     #[serde(default)]
     pub on_unresolved: OnUnresolved,
+    /// The article's `operation_key: required`: an idempotency key is always required; this
+    /// is the only accepted value.
+    #[serde(default)]
+    pub operation_key: KeyRequirement,
+    /// The article's `terminal_states`: when given, must be `[succeeded, failed_final]`.
+    #[serde(default)]
+    pub terminal_states: Option<Vec<String>>,
+    /// How long a terminal operation (and so its key) is kept, in days; a Begin with the key
+    /// after that is a new operation. Default 35, above common provider deduplication
+    /// windows (24 hours to 30 days).
+    #[serde(default = "default_retention_days")]
+    pub retention_days: u32,
+    /// What a Begin with a new key but the same request as a recent operation does.
+    #[serde(default)]
+    pub duplicate_intent: DuplicateIntentPolicy,
+}
+
+/// The only accepted `operation_key` setting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyRequirement {
+    /// Every Begin carries an idempotency key.
+    #[default]
+    Required,
+}
+
+/// Default retention, in days.
+pub const DEFAULT_RETENTION_DAYS: u32 = 35;
+
+fn default_retention_days() -> u32 {
+    DEFAULT_RETENTION_DAYS
+}
+
+/// Duplicate intent under a new key: the model invented a fresh key for a retry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DuplicateIntentPolicy {
+    /// What to do.
+    #[serde(default)]
+    pub mode: DuplicateIntentMode,
+    /// How far back a succeeded operation with the same request counts, in seconds
+    /// (in-progress and unknown ones always count).
+    #[serde(default = "default_duplicate_window")]
+    pub window_seconds: u32,
+}
+
+impl Default for DuplicateIntentPolicy {
+    fn default() -> Self {
+        Self {
+            mode: DuplicateIntentMode::default(),
+            window_seconds: default_duplicate_window(),
+        }
+    }
+}
+
+fn default_duplicate_window() -> u32 {
+    3600
+}
+
+/// What a suspected duplicate intent does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DuplicateIntentMode {
+    /// Proceed without looking.
+    #[default]
+    Allow,
+    /// Count it and log it (without the payload), then proceed.
+    Warn,
+    /// Answer `DECISION_DUPLICATE_INTENT_SUSPECTED` with the other operation's key; the caller
+    /// proceeds only by sending `confirm_duplicate_intent`.
+    Hold,
 }
 
 /// What happens to an operation that stays unknown too long (the article's `on_unresolved`).
@@ -332,15 +403,7 @@ pub struct ResponseMapping {
     pub keep_fields: Vec<String>,
 }
 
-/// A policy file that cannot be used; the message names the file and the setting.
-#[derive(Debug, thiserror::Error)]
-#[error("{file}: {message}")]
-pub struct PolicyError {
-    /// The file.
-    pub file: String,
-    /// What is wrong, naming the setting (and, for syntax errors, the line).
-    pub message: String,
-}
+pub use super::policy_file::{PolicyError, PolicyProblem};
 
 impl Policy {
     /// The policy used without a file: every action type is allowed, timeouts are
@@ -355,87 +418,101 @@ impl Policy {
     }
 
     /// Reads, parses and validates a policy file.
+    ///
+    /// Errors: every problem found, each with the file, the line and the setting.
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| PolicyError {
-            file: file.clone(),
-            message: format!("cannot read: {e}"),
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PolicyError::single(&file, None, "", format!("cannot read: {e}")))?;
         Self::parse(&text, &file)
     }
 
     /// Parses and validates policy text; `file` names it in errors.
+    ///
+    /// Errors: every problem found, each with the file, the line and the setting.
     pub fn parse(text: &str, file: &str) -> Result<Self, PolicyError> {
-        let policy: Self = serde_saphyr::from_str(text).map_err(|e| PolicyError {
-            file: file.to_owned(),
-            message: e.to_string(),
-        })?;
-        policy.validate().map_err(|message| PolicyError {
-            file: file.to_owned(),
-            message,
-        })?;
-        Ok(policy)
+        super::policy_file::parse(text, file)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    /// Checks what the types alone cannot; every problem names its setting as a path.
+    pub(crate) fn problems(&self) -> Vec<(Vec<String>, String)> {
+        let mut problems = Vec::new();
+        let mut problem = |path: &[&str], message: &str| {
+            problems.push((
+                path.iter().map(|s| (*s).to_owned()).collect(),
+                message.to_owned(),
+            ));
+        };
         if self.defaults.max_lease_seconds == 0 {
-            return Err("defaults.max_lease_seconds: must be at least 1".into());
+            problem(&["defaults", "max_lease_seconds"], "must be at least 1");
         }
         let entries = self
             .actions
             .iter()
-            .map(|(name, action)| (format!("actions.{name}"), Some(name), action))
-            .chain(
-                self.default_action
-                    .iter()
-                    .map(|a| ("default_action".to_owned(), None, a)),
-            );
+            .map(|(name, action)| (vec!["actions", name.as_str()], Some(name), action))
+            .chain(self.default_action.iter().map(|a| (vec!["default_action"], None, a)));
         for (path, name, action) in entries {
-            if let Some(name) = name {
-                ActionType::parse(name)
-                    .map_err(|_| format!("{path}: not a valid action type name"))?;
+            let at = |rest: &[&'static str]| [path.as_slice(), rest].concat();
+            if let Some(name) = name
+                && ActionType::parse(name).is_err()
+            {
+                problem(&path, "not a valid action type name: 1-80 characters of [A-Za-z0-9._:-]");
+            }
+            if let Some(states) = &action.terminal_states {
+                let mut states: Vec<&str> = states.iter().map(String::as_str).collect();
+                states.sort_unstable();
+                if states != ["failed_final", "succeeded"] {
+                    problem(
+                        &at(&["terminal_states"]),
+                        "the terminal states are succeeded and failed_final",
+                    );
+                }
+            }
+            if action.retention_days == 0 {
+                problem(&at(&["retention_days"]), "must be at least 1");
             }
             if !action.retry.reuse_operation_key {
-                return Err(format!(
-                    "{path}.retry.reuse_operation_key: must be true (a retry of the same intent reuses its key)"
-                ));
+                problem(
+                    &at(&["retry", "reuse_operation_key"]),
+                    "must be true: a retry of the same intent reuses its key",
+                );
             }
-            if action.reconcile.interval_seconds == 0 {
-                return Err(format!(
-                    "{path}.reconcile.interval_seconds: must be at least 1"
-                ));
+            let reconcile = &action.reconcile;
+            if reconcile.interval_seconds == 0 {
+                problem(&at(&["reconcile", "interval_seconds"]), "must be at least 1");
             }
-            if let Some(adapter) = &action.reconcile.adapter
+            if reconcile.max_interval_seconds < reconcile.interval_seconds {
+                problem(
+                    &at(&["reconcile", "max_interval_seconds"]),
+                    "must be at least interval_seconds",
+                );
+            }
+            if !(1.0..=10.0).contains(&reconcile.backoff_multiplier) {
+                problem(&at(&["reconcile", "backoff_multiplier"]), "must be from 1.0 to 10.0");
+            }
+            if !(0.0..=1.0).contains(&reconcile.jitter) {
+                problem(&at(&["reconcile", "jitter"]), "must be from 0.0 to 1.0");
+            }
+            if let Some(adapter) = &reconcile.adapter
                 && !self.adapters.contains_key(adapter)
             {
-                return Err(format!(
-                    "{path}.reconcile.adapter: no adapter named '{adapter}' in adapters"
-                ));
+                problem(
+                    &at(&["reconcile", "adapter"]),
+                    &format!("no adapter named '{adapter}' in adapters"),
+                );
             }
         }
         for (name, adapter) in &self.adapters {
-            match adapter {
-                AdapterConfig::Http(http) => {
-                    validate_http(http).map_err(|m| format!("adapters.{name}.{m}"))?;
-                }
-                AdapterConfig::Grpc(grpc) => {
-                    if !(grpc.endpoint.starts_with("http://")
-                        || grpc.endpoint.starts_with("https://"))
-                    {
-                        return Err(format!(
-                            "adapters.{name}.endpoint: must start with http:// or https://"
-                        ));
-                    }
-                    if !(grpc.timeout_seconds > 0.0 && grpc.timeout_seconds <= 300.0) {
-                        return Err(format!(
-                            "adapters.{name}.timeout_seconds: must be greater than 0 and at most 300"
-                        ));
-                    }
-                }
-                AdapterConfig::None => {}
+            let result = match adapter {
+                AdapterConfig::Http(http) => validate_http(http),
+                AdapterConfig::Grpc(grpc) => validate_grpc(grpc),
+                AdapterConfig::None => Ok(()),
+            };
+            if let Err((setting, message)) = result {
+                problem(&["adapters", name.as_str(), setting], &message);
             }
         }
-        Ok(())
+        problems
     }
 
     /// The policy for an action type, or `None` when it is not configured.
@@ -459,18 +536,21 @@ impl Policy {
     }
 }
 
-fn validate_http(http: &HttpAdapterConfig) -> Result<(), String> {
+fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)> {
     if !(http.url.starts_with("http://") || http.url.starts_with("https://")) {
-        return Err("url: must start with http:// or https://".into());
+        return Err(("url", "must start with http:// or https://".into()));
     }
     if !["{provider_key}", "{operation_key}", "{external_id}"]
         .iter()
         .any(|p| http.url.contains(p))
     {
-        return Err("url: must contain {provider_key}, {operation_key} or {external_id}".into());
+        return Err((
+            "url",
+            "must contain {provider_key}, {operation_key} or {external_id}".into(),
+        ));
     }
     if !(http.timeout_seconds > 0.0 && http.timeout_seconds <= 300.0) {
-        return Err("timeout_seconds: must be greater than 0 and at most 300".into());
+        return Err(("timeout_seconds", "must be greater than 0 and at most 300".into()));
     }
     let pointers = http
         .response
@@ -481,17 +561,26 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), String> {
         .chain(http.response.keep_fields.iter());
     for pointer in pointers {
         if !pointer.starts_with('/') {
-            return Err(format!(
-                "response: '{pointer}' is not a JSON Pointer (must start with '/')"
+            return Err((
+                "response",
+                format!("'{pointer}' is not a JSON Pointer (must start with '/')"),
             ));
         }
     }
     for (header, source) in &http.headers {
         if source.env.is_empty() {
-            return Err(format!(
-                "headers.{header}.env: must name an environment variable"
-            ));
+            return Err(("headers", format!("{header}.env must name an environment variable")));
         }
+    }
+    Ok(())
+}
+
+fn validate_grpc(grpc: &GrpcAdapterConfig) -> Result<(), (&'static str, String)> {
+    if !(grpc.endpoint.starts_with("http://") || grpc.endpoint.starts_with("https://")) {
+        return Err(("endpoint", "must start with http:// or https://".into()));
+    }
+    if !(grpc.timeout_seconds > 0.0 && grpc.timeout_seconds <= 300.0) {
+        return Err(("timeout_seconds", "must be greater than 0 and at most 300".into()));
     }
     Ok(())
 }
@@ -582,7 +671,7 @@ adapters:
         let text = EXAMPLE.replace("adapter: payments", "adapter: nowhere");
         let err = Policy::parse(&text, "policy.yaml").unwrap_err();
         assert!(
-            err.message
+            err.to_string()
                 .contains("actions.create_payment.reconcile.adapter"),
             "{err}"
         );
