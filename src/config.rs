@@ -40,6 +40,10 @@ pub struct Config {
     pub reconcile_claim_hold_seconds: f64,
     /// Reconcile worker: gRPC health listen address (`liveness`, `readiness`).
     pub reconciler_health_listen: SocketAddr,
+    /// Reconcile worker: seconds between purges of operations past retention.
+    pub purge_interval_seconds: f64,
+    /// Operations deleted per purge statement.
+    pub purge_batch_size: i64,
 }
 
 /// Log output format.
@@ -68,6 +72,8 @@ impl Default for Config {
             reconcile_concurrency: 8,
             reconcile_claim_hold_seconds: 60.0,
             reconciler_health_listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
+            purge_interval_seconds: 300.0,
+            purge_batch_size: 1000,
         }
     }
 }
@@ -91,29 +97,13 @@ impl Config {
             figment = figment.merge(Toml::file(file));
         }
         let config: Config = figment
-            .merge(Env::prefixed("OPJOURNAL_").only(&Self::KEYS))
+            .merge(Env::prefixed("OPJOURNAL_"))
             .merge(Serialized::defaults(overrides))
             .extract()
             .map_err(|e| ConfigError(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
-
-    const KEYS: [&'static str; 13] = [
-        "reconciler_health_listen",
-        "listen",
-        "database_url",
-        "policy_file",
-        "max_connections",
-        "readiness_interval_seconds",
-        "drain_delay_seconds",
-        "log_format",
-        "migrate_on_start",
-        "reconcile_poll_seconds",
-        "reconcile_batch_size",
-        "reconcile_concurrency",
-        "reconcile_claim_hold_seconds",
-    ];
 
     fn validate(&self) -> Result<(), ConfigError> {
         let positive = |name: &str, v: f64| {
@@ -145,6 +135,10 @@ impl Config {
             "reconcile_claim_hold_seconds",
             self.reconcile_claim_hold_seconds,
         )?;
+        positive("purge_interval_seconds", self.purge_interval_seconds)?;
+        if self.purge_batch_size < 1 {
+            return Err(ConfigError("purge_batch_size: must be at least 1".into()));
+        }
         if self.database_url.is_empty() {
             return Err(ConfigError("database_url: must be set".into()));
         }

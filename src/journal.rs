@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -19,7 +20,7 @@ use crate::domain::lease::{self, BeginVerdict, LeaseToken};
 use crate::domain::model::{
     ActionType, ErrorCode, ExternalId, Namespace, OperationKey, OperationRecord, Status,
 };
-use crate::domain::policy::Policy;
+use crate::domain::policy::{ActionPolicy, DuplicateIntentMode, Policy};
 use crate::store::{JournalStore, ListQuery, NewOperation, Settlement};
 
 /// Size limits on request fields, in bytes.
@@ -67,6 +68,9 @@ pub struct BeginCommand {
     pub lease_seconds: i32,
     /// Business links.
     pub references: BTreeMap<String, String>,
+    /// The caller confirms a new intent although the same request is registered under
+    /// another key (see `duplicate_intent` in the policy).
+    pub confirm_duplicate_intent: bool,
 }
 
 /// The Begin answer.
@@ -90,6 +94,22 @@ pub enum BeginOutcome {
     },
     /// Unknown outcome: reconcile before any retry.
     VerificationRequired(OperationRecord),
+    /// Held: the same request is registered under `other_key`; nothing was registered. Send
+    /// again with `confirm_duplicate_intent` to proceed.
+    DuplicateIntentSuspected {
+        /// The key of the other operation with the same request.
+        other_key: String,
+    },
+}
+
+/// Counters of notable journal decisions (exported as metrics by the transport).
+#[derive(Debug, Default)]
+pub struct JournalCounters {
+    /// Begins with a new key for a request already registered, let through (`warn`, or
+    /// `hold` with confirmation).
+    pub duplicate_intent_warned: AtomicU64,
+    /// Begins held as suspected duplicate intent.
+    pub duplicate_intent_held: AtomicU64,
 }
 
 /// The journal over a store and a policy.
@@ -98,6 +118,7 @@ pub struct Journal {
     store: Arc<dyn JournalStore>,
     policy: Arc<Policy>,
     limits: RequestLimits,
+    counters: Arc<JournalCounters>,
 }
 
 impl Journal {
@@ -107,6 +128,7 @@ impl Journal {
             store,
             policy,
             limits,
+            counters: Arc::default(),
         }
     }
 
@@ -152,6 +174,7 @@ impl Journal {
             request_hash,
             lease_seconds,
             references,
+            confirm_duplicate_intent: false,
         })
     }
 
@@ -165,11 +188,17 @@ impl Journal {
             .policy
             .action(&command.action_type)
             .ok_or(JournalError::ActionTypeNotConfigured)?;
-        let lease = lease::lease_duration(
-            command.lease_seconds,
-            self.policy.default_lease_seconds(action),
-            self.policy.defaults.max_lease_seconds,
-        );
+        if let Some(outcome) = self.check_duplicate_intent(&command, action).await? {
+            return Ok(outcome);
+        }
+        let recorded_policy = serde_json::to_value(action).map_err(JournalError::internal)?;
+        let lease_for = |rules: &ActionPolicy| {
+            lease::lease_duration(
+                command.lease_seconds,
+                self.policy.default_lease_seconds(rules),
+                self.policy.defaults.max_lease_seconds,
+            )
+        };
         for _ in 0..MAX_CLAIM_ROUNDS {
             let new = NewOperation {
                 namespace: command.namespace.clone(),
@@ -177,8 +206,9 @@ impl Journal {
                 action_type: command.action_type.clone(),
                 request_hash: command.request_hash,
                 references: command.references.clone(),
-                lease,
+                lease: lease_for(action),
                 lease_id: Uuid::new_v4(),
+                action_policy: recorded_policy.clone(),
             };
             if let Some(record) = self.store.insert_and_claim(&new).await? {
                 return Ok(execute(record, new.lease_id));
@@ -190,11 +220,14 @@ impl Journal {
             else {
                 continue; // removed between the two statements: register again
             };
+            // The rules the operation was registered under, not today's file.
+            let rules = row.action_policy.clone();
+            let rules = rules.as_ref().unwrap_or(action);
             match lease::decide(
                 &row,
                 &command.action_type,
                 &command.request_hash,
-                action.provider_deduplicates(),
+                rules.provider_deduplicates(),
             ) {
                 BeginVerdict::Conflict => return Err(JournalError::KeyReused),
                 BeginVerdict::Replay => return Ok(BeginOutcome::Replay(row)),
@@ -219,7 +252,7 @@ impl Journal {
                             &row.operation_key,
                             expected_status,
                             expected_attempt,
-                            lease,
+                            lease_for(rules),
                             lease_id,
                         )
                         .await?;
@@ -231,6 +264,65 @@ impl Journal {
             }
         }
         Err(JournalError::Contention)
+    }
+
+    /// Duplicate intent under a new key (the model invented a fresh key for a retry): the
+    /// same request as a pending, in-progress, unknown or recently succeeded operation of
+    /// another key. Under `hold` the Begin is answered without registering anything.
+    async fn check_duplicate_intent(
+        &self,
+        command: &BeginCommand,
+        action: &ActionPolicy,
+    ) -> Result<Option<BeginOutcome>, JournalError> {
+        let rule = &action.duplicate_intent;
+        if rule.mode == DuplicateIntentMode::Allow {
+            return Ok(None);
+        }
+        let Some(other_key) = self
+            .store
+            .find_same_request(
+                &command.namespace,
+                &command.action_type,
+                &command.request_hash,
+                &command.operation_key,
+                Duration::from_secs(u64::from(rule.window_seconds)),
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        // An ordinary retry of an operation that already exists is not a new intent.
+        if self
+            .store
+            .get(&command.namespace, &command.operation_key)
+            .await?
+            .is_some()
+        {
+            return Ok(None);
+        }
+        let hold = rule.mode == DuplicateIntentMode::Hold && !command.confirm_duplicate_intent;
+        if hold {
+            self.counters
+                .duplicate_intent_held
+                .fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters
+                .duplicate_intent_warned
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::warn!(
+            namespace = %command.namespace,
+            action_type = %command.action_type,
+            held = hold,
+            confirmed = command.confirm_duplicate_intent,
+            "duplicate intent suspected: same request under a new idempotency key"
+        );
+        Ok(hold.then_some(BeginOutcome::DuplicateIntentSuspected { other_key }))
+    }
+
+    /// Counters of notable decisions, for metrics.
+    pub fn counters(&self) -> &JournalCounters {
+        &self.counters
     }
 
     /// Records a confirmed success: -> `succeeded` (article, step 6).
@@ -304,9 +396,10 @@ impl Journal {
             .get(&token.namespace, &token.operation_key)
             .await?
         {
-            Some(row) => self
-                .policy
-                .action(&row.action_type)
+            Some(row) => row
+                .action_policy
+                .as_ref()
+                .or_else(|| self.policy.action(&row.action_type))
                 .map(|a| Duration::from_secs(u64::from(a.reconcile.first_check_after_seconds)))
                 .unwrap_or_default(),
             None => return Err(JournalError::NotFound),

@@ -23,6 +23,7 @@ fn new_operation(key: &str, lease: Duration) -> NewOperation {
         references: BTreeMap::new(),
         lease,
         lease_id: Uuid::new_v4(),
+        action_policy: serde_json::json!({}),
     }
 }
 

@@ -3,7 +3,8 @@
 use tonic::{Request, Response, Status};
 
 use super::convert;
-use crate::journal::{BeginOutcome, Journal};
+use crate::domain::model::OperationRecord;
+use crate::journal::{BeginCommand, BeginOutcome, Journal};
 use crate::proto;
 use crate::proto::operation_journal_server::{OperationJournal, OperationJournalServer};
 
@@ -41,35 +42,46 @@ impl OperationJournal for JournalService {
             r.lease_seconds,
             r.references,
         )?;
+        let command = BeginCommand {
+            confirm_duplicate_intent: r.confirm_duplicate_intent,
+            ..command
+        };
         let outcome = self.journal.begin(command).await?;
-        let (decision, record, lease_token, retry_after) = match outcome {
-            BeginOutcome::Execute { record, token } => {
-                (proto::Decision::Execute, record, token.encode(), None)
+        let answer = |decision: proto::Decision, record: &OperationRecord| {
+            tracing::Span::current().record("decision", decision.as_str_name());
+            proto::BeginOperationResponse {
+                decision: decision.into(),
+                operation: Some(convert::operation(record)),
+                ..Default::default()
             }
-            BeginOutcome::Replay(record) => (proto::Decision::Replay, record, String::new(), None),
+        };
+        let response = match outcome {
+            BeginOutcome::Execute { record, token } => proto::BeginOperationResponse {
+                lease_token: token.encode(),
+                ..answer(proto::Decision::Execute, &record)
+            },
+            BeginOutcome::Replay(record) => answer(proto::Decision::Replay, &record),
             BeginOutcome::InProgress {
                 record,
                 retry_after,
-            } => (
-                proto::Decision::InProgress,
-                record,
-                String::new(),
-                Some(convert::duration(retry_after)),
-            ),
-            BeginOutcome::VerificationRequired(record) => (
-                proto::Decision::VerificationRequired,
-                record,
-                String::new(),
-                None,
-            ),
+            } => proto::BeginOperationResponse {
+                retry_after: Some(convert::duration(retry_after)),
+                ..answer(proto::Decision::InProgress, &record)
+            },
+            BeginOutcome::VerificationRequired(record) => {
+                answer(proto::Decision::VerificationRequired, &record)
+            }
+            BeginOutcome::DuplicateIntentSuspected { other_key } => {
+                let decision = proto::Decision::DuplicateIntentSuspected;
+                tracing::Span::current().record("decision", decision.as_str_name());
+                proto::BeginOperationResponse {
+                    decision: decision.into(),
+                    duplicate_of_operation_key: other_key,
+                    ..Default::default()
+                }
+            }
         };
-        tracing::Span::current().record("decision", decision.as_str_name());
-        Ok(Response::new(proto::BeginOperationResponse {
-            decision: decision.into(),
-            operation: Some(convert::operation(&record)),
-            lease_token,
-            retry_after,
-        }))
+        Ok(Response::new(response))
     }
 
     #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/CompleteOperation"))]

@@ -44,6 +44,8 @@ async fn main() -> anyhow::Result<()> {
             batch_size: config.reconcile_batch_size,
             concurrency: config.reconcile_concurrency,
             claim_hold: Config::seconds(config.reconcile_claim_hold_seconds),
+            purge_interval: Config::seconds(config.purge_interval_seconds),
+            purge_batch_size: config.purge_batch_size,
         },
     );
     if cli.once {

@@ -27,8 +27,24 @@ enum Command {
     Migrate(CommonFlags),
     /// Validate the configuration and the policy file without starting.
     CheckConfig(CommonFlags),
+    /// Delete terminal operations past their retention (and their history), in batches;
+    /// pending, in-progress and unknown operations are never deleted.
+    Purge(PurgeFlags),
     #[command(flatten)]
     Ops(OpsCommand),
+}
+
+/// Flags of `opjournal purge`.
+#[derive(clap::Args)]
+struct PurgeFlags {
+    #[command(flatten)]
+    common: CommonFlags,
+    /// Operations deleted per statement (default: the `purge_batch_size` setting).
+    #[arg(long)]
+    batch_size: Option<i64>,
+    /// Most statements to run.
+    #[arg(long, default_value_t = 1000)]
+    max_batches: u32,
 }
 
 #[tokio::main]
@@ -44,6 +60,20 @@ async fn main() -> anyhow::Result<ExitCode> {
                 .await
                 .context("migrate")?;
             println!("migrations applied");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Purge(flags) => {
+            let config = Config::load(flags.common.config.as_ref(), &flags.common)?;
+            app::init_tracing(config.log_format);
+            let parts = app::build(&config)?;
+            let purged = opjournal::reconcile::worker::purge(
+                &parts.store,
+                flags.batch_size.unwrap_or(config.purge_batch_size),
+                flags.max_batches,
+            )
+            .await
+            .context("purge")?;
+            println!("purged {purged} operations past retention");
             Ok(ExitCode::SUCCESS)
         }
         Command::CheckConfig(flags) => {

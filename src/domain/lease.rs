@@ -197,6 +197,7 @@ mod tests {
             review_required_at: None,
             review_reason: None,
             last_actor_kind: crate::domain::model::ActorKind::Client,
+            action_policy: None,
             created_at: now,
             updated_at: now,
             observed_at: now,

@@ -308,6 +308,9 @@ pub struct OperationRecord {
     pub review_reason: Option<String>,
     /// Who made the last recorded transition.
     pub last_actor_kind: ActorKind,
+    /// The action policy the operation was registered under; `None` for operations
+    /// registered before policies were recorded (the current policy applies to them).
+    pub action_policy: Option<crate::domain::policy::ActionPolicy>,
     /// First registration (database clock).
     pub created_at: DateTime<Utc>,
     /// Last change (database clock).

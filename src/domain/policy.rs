@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::model::ActionType;
 
@@ -65,7 +65,7 @@ fn default_max_lease_seconds() -> u32 {
 }
 
 /// The rules for one action type.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ActionPolicy {
     /// Lease length for this action, in seconds; `defaults.lease_seconds` when absent.
@@ -102,7 +102,7 @@ pub struct ActionPolicy {
 }
 
 /// The only accepted `operation_key` setting.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyRequirement {
     /// Every Begin carries an idempotency key.
@@ -118,7 +118,7 @@ fn default_retention_days() -> u32 {
 }
 
 /// Duplicate intent under a new key: the model invented a fresh key for a retry.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DuplicateIntentPolicy {
     /// What to do.
@@ -144,7 +144,7 @@ fn default_duplicate_window() -> u32 {
 }
 
 /// What a suspected duplicate intent does.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DuplicateIntentMode {
     /// Proceed without looking.
@@ -158,7 +158,7 @@ pub enum DuplicateIntentMode {
 }
 
 /// What happens to an operation that stays unknown too long (the article's `on_unresolved`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnUnresolved {
     /// Mark it for human review and stop looking it up automatically.
@@ -177,7 +177,7 @@ impl ActionPolicy {
 }
 
 /// The article's `retry` block.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RetryPolicy {
     /// Must be `true`: a retry of the same intent always reuses its key (article, step 1).
@@ -202,7 +202,7 @@ fn yes() -> bool {
 }
 
 /// What a timeout allows (the article's `on_timeout`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnTimeout {
     /// Unknown stays unknown until the provider is asked (the safe default).
@@ -213,7 +213,7 @@ pub enum OnTimeout {
 }
 
 /// When and how the reconcile path looks an unknown operation up.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ReconcilePolicy {
     /// Name of an entry in `adapters`; absent means no lookup is possible.
@@ -450,13 +450,20 @@ impl Policy {
             .actions
             .iter()
             .map(|(name, action)| (vec!["actions", name.as_str()], Some(name), action))
-            .chain(self.default_action.iter().map(|a| (vec!["default_action"], None, a)));
+            .chain(
+                self.default_action
+                    .iter()
+                    .map(|a| (vec!["default_action"], None, a)),
+            );
         for (path, name, action) in entries {
             let at = |rest: &[&'static str]| [path.as_slice(), rest].concat();
             if let Some(name) = name
                 && ActionType::parse(name).is_err()
             {
-                problem(&path, "not a valid action type name: 1-80 characters of [A-Za-z0-9._:-]");
+                problem(
+                    &path,
+                    "not a valid action type name: 1-80 characters of [A-Za-z0-9._:-]",
+                );
             }
             if let Some(states) = &action.terminal_states {
                 let mut states: Vec<&str> = states.iter().map(String::as_str).collect();
@@ -479,7 +486,10 @@ impl Policy {
             }
             let reconcile = &action.reconcile;
             if reconcile.interval_seconds == 0 {
-                problem(&at(&["reconcile", "interval_seconds"]), "must be at least 1");
+                problem(
+                    &at(&["reconcile", "interval_seconds"]),
+                    "must be at least 1",
+                );
             }
             if reconcile.max_interval_seconds < reconcile.interval_seconds {
                 problem(
@@ -488,7 +498,10 @@ impl Policy {
                 );
             }
             if !(1.0..=10.0).contains(&reconcile.backoff_multiplier) {
-                problem(&at(&["reconcile", "backoff_multiplier"]), "must be from 1.0 to 10.0");
+                problem(
+                    &at(&["reconcile", "backoff_multiplier"]),
+                    "must be from 1.0 to 10.0",
+                );
             }
             if !(0.0..=1.0).contains(&reconcile.jitter) {
                 problem(&at(&["reconcile", "jitter"]), "must be from 0.0 to 1.0");
@@ -550,7 +563,10 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)>
         ));
     }
     if !(http.timeout_seconds > 0.0 && http.timeout_seconds <= 300.0) {
-        return Err(("timeout_seconds", "must be greater than 0 and at most 300".into()));
+        return Err((
+            "timeout_seconds",
+            "must be greater than 0 and at most 300".into(),
+        ));
     }
     let pointers = http
         .response
@@ -569,7 +585,10 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)>
     }
     for (header, source) in &http.headers {
         if source.env.is_empty() {
-            return Err(("headers", format!("{header}.env must name an environment variable")));
+            return Err((
+                "headers",
+                format!("{header}.env must name an environment variable"),
+            ));
         }
     }
     Ok(())
@@ -580,7 +599,10 @@ fn validate_grpc(grpc: &GrpcAdapterConfig) -> Result<(), (&'static str, String)>
         return Err(("endpoint", "must start with http:// or https://".into()));
     }
     if !(grpc.timeout_seconds > 0.0 && grpc.timeout_seconds <= 300.0) {
-        return Err(("timeout_seconds", "must be greater than 0 and at most 300".into()));
+        return Err((
+            "timeout_seconds",
+            "must be greater than 0 and at most 300".into(),
+        ));
     }
     Ok(())
 }

@@ -8,8 +8,8 @@
 
 use std::fmt;
 
-use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_saphyr::Spanned;
 
@@ -199,7 +199,13 @@ impl Node {
     }
 }
 
-const TOP_LEVEL: &[&str] = &["defaults", "default_action", "actions", "tool_policy", "adapters"];
+const TOP_LEVEL: &[&str] = &[
+    "defaults",
+    "default_action",
+    "actions",
+    "tool_policy",
+    "adapters",
+];
 
 /// Parses and validates a policy; see [`Policy::parse`].
 pub(super) fn parse(text: &str, file: &str) -> Result<Policy, PolicyError> {
@@ -232,7 +238,10 @@ pub(super) fn parse(text: &str, file: &str) -> Result<Policy, PolicyError> {
             other => problems.push(problem(
                 &root,
                 &path,
-                format!("unknown setting '{other}'; expected one of {}", TOP_LEVEL.join(", ")),
+                format!(
+                    "unknown setting '{other}'; expected one of {}",
+                    TOP_LEVEL.join(", ")
+                ),
             )),
         }
     }
@@ -314,7 +323,9 @@ fn check_typed(
     let value = node.to_json();
     let result = match section {
         "defaults" => typed::<super::policy::Defaults>(&value),
-        "default_action" | "actions" | "tool_policy" => typed::<super::policy::ActionPolicy>(&value),
+        "default_action" | "actions" | "tool_policy" => {
+            typed::<super::policy::ActionPolicy>(&value)
+        }
         _ => typed::<super::policy::AdapterConfig>(&value),
     };
     if let Err((inner, message)) = result {
@@ -361,7 +372,10 @@ fn problem(root: &Node, path: &[String], message: String) -> PolicyProblem {
 /// The problems a text has, for tests of the diagnostics.
 #[cfg(test)]
 pub(crate) fn problems_of(text: &str) -> Vec<PolicyProblem> {
-    parse(text, "policy.yaml").err().map(|e| e.problems).unwrap_or_default()
+    parse(text, "policy.yaml")
+        .err()
+        .map(|e| e.problems)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -401,13 +415,17 @@ adapters:
         );
         assert!(problems[2].message.contains("url"), "{problems:?}");
         // With the types fixed, the unknown adapter is named with its line.
-        let fixed = text
-            .replace("thirty", "30")
-            .replace("    timeout_seconds: 5\n", "    url: \"http://x/{provider_key}\"\n");
+        let fixed = text.replace("thirty", "30").replace(
+            "    timeout_seconds: 5\n",
+            "    url: \"http://x/{provider_key}\"\n",
+        );
         let problems = problems_of(&fixed);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].line, Some(5));
-        assert_eq!(problems[0].setting, "actions.create_payment.reconcile.adapter");
+        assert_eq!(
+            problems[0].setting,
+            "actions.create_payment.reconcile.adapter"
+        );
     }
 
     #[test]
@@ -433,7 +451,10 @@ tool_policy:
 ";
         let policy = Policy::parse(text, "policy.yaml").unwrap();
         assert_eq!(policy.actions.len(), 2);
-        assert_eq!(policy.actions["create_payment"].unknown_after_seconds, Some(900));
+        assert_eq!(
+            policy.actions["create_payment"].unknown_after_seconds,
+            Some(900)
+        );
     }
 
     #[test]

@@ -142,10 +142,10 @@ impl Reconciler {
         }
         let action = self.action_policy(&record)?;
         let adapter = self
-            .adapter_for(action)
+            .adapter_for(&record, &action)
             .ok_or(JournalError::NoProviderAdapter)?;
         let observation = adapter.lookup(&lookup_request(&record)).await;
-        self.apply(record, action, Some(observation)).await
+        self.apply(record, &action, Some(observation)).await
     }
 
     /// Reconciles a record the worker claimed. An action without a lookup is escalated to
@@ -155,24 +155,37 @@ impl Reconciler {
         record: OperationRecord,
     ) -> Result<ReconcileReport, JournalError> {
         let action = self.action_policy(&record)?;
-        let observation = match self.adapter_for(action) {
+        let observation = match self.adapter_for(&record, &action) {
             Some(adapter) => Some(adapter.lookup(&lookup_request(&record)).await),
             None => None,
         };
-        self.apply(record, action, observation).await
+        self.apply(record, &action, observation).await
     }
 
-    fn adapter_for(&self, action: &ActionPolicy) -> Option<&Arc<dyn ProviderAdapter>> {
-        action
-            .reconcile
-            .adapter
-            .as_deref()
-            .and_then(|name| self.adapters.get(name))
+    /// The adapter the operation was registered with; if the policy file no longer defines
+    /// it, the one the file names for the action type today (an adapter's endpoint and
+    /// credentials always come from today's file).
+    fn adapter_for(
+        &self,
+        record: &OperationRecord,
+        action: &ActionPolicy,
+    ) -> Option<&Arc<dyn ProviderAdapter>> {
+        let today = self.policy.action(&record.action_type);
+        [Some(action), today]
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.reconcile.adapter.as_deref())
+            .find_map(|name| self.adapters.get(name))
     }
 
-    fn action_policy(&self, record: &OperationRecord) -> Result<&ActionPolicy, JournalError> {
-        self.policy
-            .action(&record.action_type)
+    /// The rules the operation was registered under; today's file for operations recorded
+    /// before policies were kept with them.
+    fn action_policy(&self, record: &OperationRecord) -> Result<ActionPolicy, JournalError> {
+        record
+            .action_policy
+            .as_ref()
+            .or_else(|| self.policy.action(&record.action_type))
+            .cloned()
             .ok_or(JournalError::ActionTypeNotConfigured)
     }
 

@@ -8,7 +8,27 @@ use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{ReconcileAction, Reconciler};
-use crate::store::StoreError;
+use crate::store::{JournalStore, StoreError};
+
+/// Deletes terminal operations past their retention in batches of `batch_size`, at most
+/// `max_batches` statements (each its own short transaction); returns how many went.
+///
+/// Errors: the store is unavailable.
+pub async fn purge(
+    store: &dyn JournalStore,
+    batch_size: i64,
+    max_batches: u32,
+) -> Result<u64, StoreError> {
+    let mut total = 0;
+    for _ in 0..max_batches {
+        let purged = store.purge(batch_size).await?;
+        total += purged;
+        if purged < u64::try_from(batch_size).unwrap_or(0) {
+            break;
+        }
+    }
+    Ok(total)
+}
 
 /// Worker settings.
 #[derive(Debug, Clone)]
@@ -22,6 +42,10 @@ pub struct WorkerConfig {
     /// How long a claimed operation is hidden from other replicas (the reconcile lease);
     /// longer than the slowest lookup.
     pub claim_hold: Duration,
+    /// How often terminal operations past their retention are purged.
+    pub purge_interval: Duration,
+    /// Most operations deleted per purge statement.
+    pub purge_batch_size: i64,
 }
 
 impl Default for WorkerConfig {
@@ -31,6 +55,8 @@ impl Default for WorkerConfig {
             batch_size: 50,
             concurrency: 8,
             claim_hold: Duration::from_secs(60),
+            purge_interval: Duration::from_secs(300),
+            purge_batch_size: 1000,
         }
     }
 }
@@ -104,10 +130,30 @@ impl Worker {
         Ok(stats)
     }
 
+    /// Purges terminal operations past their retention, in batches of `purge_batch_size`,
+    /// at most `max_batches` statements; returns how many went.
+    pub async fn purge(&self, max_batches: u32) -> Result<u64, StoreError> {
+        purge(
+            self.reconciler.store().as_ref(),
+            self.config.purge_batch_size,
+            max_batches,
+        )
+        .await
+    }
+
     /// Polls until `shutdown` is cancelled; a poll in progress finishes first. A database
-    /// outage is logged and waited out.
+    /// outage is logged and waited out. Purges every `purge_interval`.
     pub async fn run(&self, shutdown: CancellationToken) {
+        let mut last_purge: Option<std::time::Instant> = None;
         while !shutdown.is_cancelled() {
+            if last_purge.is_none_or(|at| at.elapsed() >= self.config.purge_interval) {
+                match self.purge(10).await {
+                    Ok(0) => {}
+                    Ok(purged) => tracing::info!(purged, "purged operations past retention"),
+                    Err(error) => tracing::warn!(error = %error, "purge failed; will retry"),
+                }
+                last_purge = Some(std::time::Instant::now());
+            }
             let pause = match self.tick().await {
                 Ok(stats) => {
                     if stats != TickStats::default() {

@@ -62,6 +62,8 @@ pub struct NewOperation {
     pub lease: Duration,
     /// Random id of the lease (the secret part of the fencing token).
     pub lease_id: Uuid,
+    /// The action policy in force, as JSON, recorded with the operation.
+    pub action_policy: serde_json::Value,
 }
 
 /// A lease holder's report.
@@ -255,6 +257,22 @@ pub trait JournalStore: Send + Sync + 'static {
         limit: i64,
         hold: Duration,
     ) -> Result<Vec<OperationRecord>, StoreError>;
+
+    /// The key of another operation in `namespace` with the same action type and request
+    /// hash that is pending, in progress or unknown, or succeeded less than `window` ago.
+    async fn find_same_request(
+        &self,
+        namespace: &Namespace,
+        action_type: &ActionType,
+        request_hash: &RequestHash,
+        other_than: &OperationKey,
+        window: Duration,
+    ) -> Result<Option<String>, StoreError>;
+
+    /// Deletes up to `limit` terminal operations whose retention has passed, with their
+    /// history; returns how many went. Pending, in-progress and unknown operations are never
+    /// deleted, whatever their age.
+    async fn purge(&self, limit: i64) -> Result<u64, StoreError>;
 
     /// Checks that the database answers.
     async fn ping(&self) -> Result<(), StoreError>;

@@ -24,7 +24,8 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 const COLUMNS: &str = "namespace, operation_key, action_type, request_hash, status, \
     attempt_count, external_id, result_json, error_code, lease_until, lease_id, \
     business_references, unknown_since, next_check_at, reconcile_attempts, created_at, \
-    updated_at, review_required_at, review_reason, last_actor_kind, now() AS observed_at";
+    updated_at, review_required_at, review_reason, last_actor_kind, action_policy, \
+    now() AS observed_at";
 
 /// The journal on Postgres.
 #[derive(Debug, Clone)]
@@ -129,6 +130,13 @@ fn record_from_row(row: &PgRow) -> Result<OperationRecord, StoreError> {
         reconcile_attempts: row.try_get("reconcile_attempts").map_err(get_err)?,
         review_required_at: row.try_get("review_required_at").map_err(get_err)?,
         review_reason: row.try_get("review_reason").map_err(get_err)?,
+        action_policy: {
+            let stored: Option<serde_json::Value> =
+                row.try_get("action_policy").map_err(get_err)?;
+            // A policy recorded by a newer version may not parse here: fall back to the
+            // current file for it rather than fail the operation.
+            stored.and_then(|v| serde_json::from_value(v).ok())
+        },
         last_actor_kind: {
             let kind: String = row.try_get("last_actor_kind").map_err(get_err)?;
             ActorKind::from_db(&kind).ok_or_else(|| corrupt("last_actor_kind"))?
@@ -181,9 +189,10 @@ impl JournalStore for PgStore {
         let sql = format!(
             "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
                  status, attempt_count, lease_until, lease_id, business_references, \
-                 last_actor_kind, last_actor, last_reason, created_at, updated_at) \
+                 last_actor_kind, last_actor, last_reason, action_policy, created_at, \
+                 updated_at) \
              VALUES ($1, $2, $3, $4, 'in_progress', 1, now() + make_interval(secs => $5), \
-                 $6, $7, 'client', '', 'registered', now(), now()) \
+                 $6, $7, 'client', '', 'registered', $8, now(), now()) \
              ON CONFLICT (namespace, operation_key) DO NOTHING \
              RETURNING {COLUMNS}"
         );
@@ -195,7 +204,8 @@ impl JournalStore for PgStore {
                 .bind(new.request_hash.to_hex())
                 .bind(seconds(new.lease))
                 .bind(new.lease_id)
-                .bind(sqlx::types::Json(&new.references)),
+                .bind(sqlx::types::Json(&new.references))
+                .bind(&new.action_policy),
         )
         .await
     }
@@ -537,6 +547,56 @@ impl JournalStore for PgStore {
             .await
             .map_err(classify)?;
         rows.iter().map(record_from_row).collect()
+    }
+
+    async fn find_same_request(
+        &self,
+        namespace: &Namespace,
+        action_type: &ActionType,
+        request_hash: &RequestHash,
+        other_than: &OperationKey,
+        window: Duration,
+    ) -> Result<Option<String>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT operation_key FROM agent_operations \
+             WHERE namespace = $1 AND action_type = $2 AND request_hash = $3 \
+               AND operation_key <> $4 \
+               AND (status IN ('pending', 'in_progress', 'unknown') \
+                    OR (status = 'succeeded' \
+                        AND updated_at > now() - make_interval(secs => $5))) \
+             ORDER BY created_at DESC LIMIT 1",
+        )
+        .bind(namespace.as_str())
+        .bind(action_type.as_str())
+        .bind(request_hash.to_hex())
+        .bind(other_than.as_str())
+        .bind(seconds(window))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(classify)
+    }
+
+    async fn purge(&self, limit: i64) -> Result<u64, StoreError> {
+        let purged: i64 = sqlx::query_scalar(
+            "WITH doomed AS ( \
+                 SELECT namespace, operation_key FROM agent_operations \
+                 WHERE purge_after < now() AND status IN ('succeeded', 'failed_final') \
+                 ORDER BY purge_after LIMIT $1 FOR UPDATE SKIP LOCKED), \
+             gone AS ( \
+                 DELETE FROM agent_operations o USING doomed d \
+                 WHERE o.namespace = d.namespace AND o.operation_key = d.operation_key \
+                   AND o.status IN ('succeeded', 'failed_final') \
+                 RETURNING o.namespace, o.operation_key), \
+             history AS ( \
+                 DELETE FROM operation_events e USING gone g \
+                 WHERE e.namespace = g.namespace AND e.operation_key = g.operation_key) \
+             SELECT COUNT(*) FROM gone",
+        )
+        .bind(limit)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(classify)?;
+        Ok(u64::try_from(purged).unwrap_or(0))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

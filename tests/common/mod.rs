@@ -63,6 +63,10 @@ actions:
       first_check_after_seconds: 0
       interval_seconds: 1
       absence_grace_seconds: 60
+  create_payment_hold:
+    duplicate_intent: {{ mode: hold, window_seconds: 600 }}
+  create_payment_warn:
+    duplicate_intent: {{ mode: warn, window_seconds: 600 }}
   send_email:
     reconcile:
       adapter: email_no_lookup
@@ -166,6 +170,7 @@ impl TestApp {
                 payload_json: payload.into(),
                 lease_seconds,
                 references: [("order_id".to_owned(), "817".to_owned())].into(),
+                ..Default::default()
             })
             .await
             .map(tonic::Response::into_inner)
@@ -235,6 +240,7 @@ impl TestApp {
                 batch_size: 50,
                 concurrency: 8,
                 claim_hold: Duration::from_secs(60),
+                ..Default::default()
             },
         )
     }
