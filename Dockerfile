@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+# The opjournal image: opjournal (server and operator commands), opjournal-reconciler (the
+# reconcile worker) and opjournal-sandbox (the fake provider), in a distroless image without a
+# shell, running as the non-root user 65532. The Kubernetes manifests are in deploy/.
+#
+#   docker build -t opjournal:dev .
+#   docker run --rm opjournal:dev --help
+#
+# Needs BuildKit (Docker 23+, buildx, podman/buildah): cargo's registry and target directory
+# live in cache mounts, so a rebuild after a source change compiles only this crate.
+
+ARG RUST_IMAGE=rust:1-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
+
+FROM ${RUST_IMAGE} AS build
+WORKDIR /src
+# What the build reads: the manifest and lock file, the build script and the protos it
+# compiles (protox, no protoc), the migrations embedded by sqlx::migrate!, and the sources.
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto ./proto
+COPY migrations ./migrations
+COPY src ./src
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked --bins \
+    && mkdir -p /out \
+    && cp target/release/opjournal target/release/opjournal-reconciler \
+          target/release/opjournal-sandbox /out/
+
+# Same Debian release as the builder, so the glibc the binaries were linked against is there.
+# TLS is rustls (no OpenSSL); the CA certificates come with the image.
+FROM ${RUNTIME_IMAGE}
+LABEL org.opencontainers.image.title="opjournal" \
+      org.opencontainers.image.description="A gRPC operation journal that makes side-effecting tool calls safe to retry" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /out/ /usr/local/bin/
+COPY config/policy.example.yaml /etc/opjournal/policy.example.yaml
+# In a container the servers listen on every address (the defaults are 127.0.0.1); the
+# manifests set these too.
+ENV OPJOURNAL_LISTEN=0.0.0.0:50051 \
+    OPJOURNAL_RECONCILER_HEALTH_LISTEN=0.0.0.0:50052 \
+    OPJOURNAL_SANDBOX_LISTEN=0.0.0.0:8081
+# gRPC (server), gRPC health (reconcile worker), HTTP (sandbox).
+EXPOSE 50051 50052 8081
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/opjournal"]
+CMD ["serve"]
