@@ -2,7 +2,8 @@
 right port and health entry, a grace period that covers the drain, the security context, the
 image's binaries, and Secrets referenced, never written.
 
-    python check_manifests.py OVERLAY_NAME RENDERED.yaml [--policy-bin OPJOURNAL_BINARY]
+    python check_manifests.py OVERLAY_NAME RENDERED.yaml [--dockerfile Dockerfile]
+                              [--policy-bin OPJOURNAL_BINARY]
 
 Prints every problem found and exits 1 if there is any. Run by deploy/validate.
 """
@@ -18,7 +19,8 @@ import tempfile
 
 import yaml
 
-# The binaries the Dockerfile puts into the image; there is no shell.
+# The binaries the Dockerfile puts into the image (there is no shell); --dockerfile reads them
+# from the Dockerfile's `cp target/release/...` line instead.
 IMAGE_BINARIES = {
     "/usr/local/bin/opjournal",
     "/usr/local/bin/opjournal-reconciler",
@@ -191,7 +193,17 @@ def main() -> int:
     parser.add_argument("overlay")
     parser.add_argument("rendered")
     parser.add_argument("--policy-bin")
+    parser.add_argument("--dockerfile")
     args = parser.parse_args()
+
+    if args.dockerfile:
+        with open(args.dockerfile) as f:
+            built = set(re.findall(r"target/release/([A-Za-z0-9_-]+)", f.read()))
+        if not built:
+            print(f"{args.dockerfile}: copies no binary out of target/release")
+            return 1
+        IMAGE_BINARIES.clear()
+        IMAGE_BINARIES.update(f"/usr/local/bin/{b}" for b in built)
 
     with open(args.rendered) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
