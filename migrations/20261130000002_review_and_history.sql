@@ -65,6 +65,7 @@ CREATE TRIGGER agent_operations_event_on_transition
     FOR EACH ROW
     WHEN (OLD.status IS DISTINCT FROM NEW.status
           OR OLD.attempt_count IS DISTINCT FROM NEW.attempt_count
+          OR OLD.outcome_reported IS DISTINCT FROM NEW.outcome_reported
           OR (OLD.review_required_at IS NULL) IS DISTINCT FROM (NEW.review_required_at IS NULL))
     EXECUTE FUNCTION agent_operations_record_event();
 

@@ -20,7 +20,7 @@ use crate::domain::lease::{self, BeginVerdict, LeaseToken};
 use crate::domain::model::{
     ActionType, ErrorCode, ExternalId, Namespace, OperationKey, OperationRecord, Status,
 };
-use crate::domain::policy::{ActionPolicy, DuplicateIntentMode, Policy};
+use crate::domain::policy::{ActionPolicy, AdapterConfig, DuplicateIntentMode, Policy};
 use crate::store::{JournalStore, ListQuery, NewOperation, Settlement};
 
 /// Size limits on request fields, in bytes.
@@ -396,10 +396,17 @@ impl Journal {
             .get(&token.namespace, &token.operation_key)
             .await?
         {
+            // An action without a lookup goes to review at once; others wait for the first check.
             Some(row) => row
                 .action_policy
                 .as_ref()
                 .or_else(|| self.policy.action(&row.action_type))
+                .filter(|a| {
+                    matches!(
+                        self.policy.adapter_for(a),
+                        Some((_, AdapterConfig::Http(_) | AdapterConfig::Grpc(_)))
+                    )
+                })
                 .map(|a| Duration::from_secs(u64::from(a.reconcile.first_check_after_seconds)))
                 .unwrap_or_default(),
             None => return Err(JournalError::NotFound),

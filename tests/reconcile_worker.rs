@@ -201,7 +201,10 @@ async fn two_replicas_look_each_due_operation_up_exactly_once(pool: PgPool) {
     let mut keys = Vec::new();
     for i in 0..200 {
         let key = format!("payment:bulk-{i}");
-        let begin = app.begin(&key, "create_payment", PAY_817).await.unwrap();
+        let begin = app
+            .begin(&key, "create_payment_bulk", PAY_817)
+            .await
+            .unwrap();
         app.report_unknown(&begin.lease_token).await;
         keys.push(key);
     }
@@ -492,5 +495,194 @@ async fn an_operation_unknown_past_its_deadline_is_escalated_and_lookups_stop(po
         app.counts(PAYMENT_KEY).lookups,
         lookups,
         "automatic lookups stopped"
+    );
+}
+
+/// The real HTTP adapter, slowed down.
+struct SlowAdapter {
+    inner: Arc<dyn ProviderAdapter>,
+    delay: Duration,
+}
+
+#[async_trait]
+impl ProviderAdapter for SlowAdapter {
+    async fn lookup(&self, request: &LookupRequest) -> Observation {
+        tokio::time::sleep(self.delay).await;
+        self.inner.lookup(request).await
+    }
+}
+
+fn worker_with_adapter(
+    app: &TestApp,
+    name: &str,
+    wrap: impl FnOnce(Arc<dyn ProviderAdapter>) -> Arc<dyn ProviderAdapter>,
+    config: WorkerConfig,
+) -> Worker {
+    let policy = Arc::new(Policy::parse(&app.policy_yaml, "test-policy.yaml").unwrap());
+    let mut adapters = AdapterSet::from_policy(&policy).unwrap();
+    let inner = adapters.get("sandbox_payments").unwrap().clone();
+    adapters.insert("sandbox_payments", wrap(inner));
+    let store: Arc<dyn JournalStore> = Arc::new(PgStore::new(app.pool.clone()));
+    Worker::new(Reconciler::new(store, policy, adapters, name), config)
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn slow_lookups_are_never_repeated_by_another_replica(pool: PgPool) {
+    let app = TestApp::spawn_with(pool, SandboxConfig::default(), 3600).await;
+    let mut keys = Vec::new();
+    for i in 0..16 {
+        let key = format!("payment:slow-{i}");
+        let begin = app
+            .begin(&key, "create_payment_bulk", PAY_817)
+            .await
+            .unwrap();
+        app.report_unknown(&begin.lease_token).await;
+        keys.push(key);
+    }
+    // Each lookup takes 0.7 s; the claim hold is 1.5 s; a batch of 16 at 4 at a time takes
+    // about 3 s, so a batch claimed at once would be claimed again by the other replica.
+    let config = WorkerConfig {
+        batch_size: 50,
+        concurrency: 4,
+        claim_hold: Duration::from_millis(1500),
+        ..WorkerConfig::default()
+    };
+    let slow = |inner| -> Arc<dyn ProviderAdapter> {
+        Arc::new(SlowAdapter {
+            inner,
+            delay: Duration::from_millis(700),
+        })
+    };
+    let a = worker_with_adapter(&app, "replica-a", slow, config.clone());
+    let b = worker_with_adapter(&app, "replica-b", slow, config);
+    // Replica B polls all the while replica A works through its batch.
+    let done = Arc::new(Notify::new());
+    let a_done = done.clone();
+    let (ra, rb) = tokio::join!(
+        async move {
+            let stats = a.tick().await.unwrap();
+            a_done.notify_one();
+            stats
+        },
+        async {
+            let mut looked_up = 0;
+            loop {
+                tokio::select! {
+                    () = done.notified() => return looked_up,
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {
+                        looked_up += b.tick().await.unwrap().looked_up;
+                    }
+                }
+            }
+        }
+    );
+    assert_eq!(ra.looked_up + rb, 16);
+    for key in &keys {
+        assert_eq!(app.counts(key).lookups, 1, "{key} was looked up twice");
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn escalation_happens_at_the_deadline_not_at_the_next_scheduled_check(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // The schedule says every 30 s; the deadline is 1 s.
+    unknown_payment(
+        &app,
+        PAYMENT_KEY,
+        "create_payment_deadline_slow",
+        "fail-before-store",
+    )
+    .await;
+    let worker = app.worker("worker-a");
+    assert_eq!(worker.tick().await.unwrap().looked_up, 1);
+    let op = app.get(PAYMENT_KEY).await;
+    let next = op.next_check_at.unwrap().seconds - op.updated_at.unwrap().seconds;
+    assert!(
+        next <= 2,
+        "the next check waits for the deadline, not 30 s: {next} s"
+    );
+    let started = Instant::now();
+    while review_keys(&app).await.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "escalation came late"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        worker.tick().await.unwrap();
+    }
+    // An operator's reconcile of an escalated operation keeps it out of automatic lookups.
+    let reconciled = app
+        .reconciler
+        .clone()
+        .reconcile_operation(opjournal::proto::ReconcileOperationRequest {
+            namespace: String::new(),
+            operation_key: PAYMENT_KEY.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .operation
+        .unwrap();
+    assert!(reconciled.review_required_at.is_some());
+    assert!(
+        reconciled.next_check_at.is_none(),
+        "back in automatic lookups"
+    );
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn an_operators_reconcile_never_runs_beside_a_workers_lookup(pool: PgPool) {
+    let app = TestApp::spawn_with(pool, SandboxConfig::default(), 3600).await;
+    unknown_payment(&app, PAYMENT_KEY, "create_payment", "commit-then-timeout").await;
+    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (e, g) = (entered.clone(), gate.clone());
+    let worker = worker_with_adapter(
+        &app,
+        "worker-a",
+        move |inner| {
+            Arc::new(GatedAdapter {
+                inner,
+                entered: e,
+                gate: g,
+            })
+        },
+        WorkerConfig::default(),
+    );
+    let tick = tokio::spawn(async move { worker.tick().await.unwrap() });
+    entered.notified().await;
+    let err = app
+        .reconciler
+        .clone()
+        .reconcile_operation(opjournal::proto::ReconcileOperationRequest {
+            namespace: String::new(),
+            operation_key: PAYMENT_KEY.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), reason(&err).as_str()),
+        (Code::FailedPrecondition, "RECONCILE_IN_PROGRESS")
+    );
+    gate.notify_one();
+    assert_eq!(tick.await.unwrap().settled, 1);
+    assert_eq!(app.counts(PAYMENT_KEY).lookups, 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn not_found_from_an_incomplete_search_never_releases(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    unknown_payment(
+        &app,
+        PAYMENT_KEY,
+        "create_payment_incomplete",
+        "fail-before-store",
+    )
+    .await;
+    let worker = app.worker("worker-a");
+    let stats = worker.tick().await.unwrap();
+    assert_eq!((stats.looked_up, stats.released), (1, 0));
+    assert_eq!(
+        op_status(&app.get(PAYMENT_KEY).await),
+        OperationStatus::Unknown
     );
 }

@@ -168,7 +168,7 @@ async fn a_claimed_due_operation_is_hidden_from_other_claims(pool: PgPool) {
 async fn the_sweep_takes_only_ended_leases(pool: PgPool) {
     let store = PgStore::new(pool);
     store
-        .insert_and_claim(&new_operation("live", Duration::from_secs(30)))
+        .insert_and_claim(&new_operation("live", Duration::from_secs(2)))
         .await
         .unwrap();
     store
@@ -192,4 +192,42 @@ async fn the_sweep_takes_only_ended_leases(pool: PgPool) {
     };
     assert_eq!(status("live").await, Status::InProgress);
     assert_eq!(status("ended").await, Status::Unknown);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn an_operation_under_review_is_never_claimed(pool: PgPool) {
+    let store = PgStore::new(pool);
+    let read = unknown(&store, "k").await;
+    let escalated = store
+        .resolve(
+            &read,
+            &Resolution::Escalate {
+                reason: "no_provider_lookup".into(),
+            },
+            &Attribution::worker("w", "escalated"),
+            false,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(escalated.review_required_at.is_some());
+    let claimed = store
+        .claim(
+            &read.namespace,
+            &read.operation_key,
+            Status::Unknown,
+            1,
+            Duration::from_secs(30),
+            Uuid::new_v4(),
+        )
+        .await
+        .unwrap();
+    assert!(claimed.is_none());
+    assert!(
+        store
+            .claim_due(10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }

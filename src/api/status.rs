@@ -125,6 +125,12 @@ impl From<JournalError> for Status {
                     ("attempt_count".to_owned(), attempt_count.to_string()),
                 ]),
             ),
+            JournalError::ReconcileInProgress => retryable(
+                Code::FailedPrecondition,
+                "RECONCILE_IN_PROGRESS",
+                "the operation is being looked up right now; read it again shortly",
+                Duration::from_secs(1),
+            ),
             JournalError::NoProviderAdapter => status(
                 Code::FailedPrecondition,
                 "NO_PROVIDER_ADAPTER",

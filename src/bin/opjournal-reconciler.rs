@@ -48,6 +48,10 @@ async fn main() -> anyhow::Result<()> {
             purge_batch_size: config.purge_batch_size,
         },
     );
+    let policy = app::load_policy(&config)?;
+    worker
+        .check_claim_hold(&policy)
+        .map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
     if cli.once {
         let stats = worker.tick().await?;
         println!(

@@ -82,6 +82,10 @@ pub enum JournalError {
         /// Attempt count now.
         attempt_count: i32,
     },
+    /// Someone is looking the operation up right now. `FAILED_PRECONDITION`,
+    /// `RECONCILE_IN_PROGRESS`.
+    #[error("a reconcile of this operation is in progress")]
+    ReconcileInProgress,
     /// The action has no provider lookup. `FAILED_PRECONDITION`, `NO_PROVIDER_ADAPTER`.
     #[error("action has no provider adapter")]
     NoProviderAdapter,

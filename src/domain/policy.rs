@@ -235,7 +235,7 @@ pub struct ReconcilePolicy {
     /// Random spread of each delay, as a fraction (0.0 to 1.0): 0.2 means +/-20 %.
     #[serde(default = "default_jitter")]
     pub jitter: f64,
-    /// How long after the last attempt "not found" may still change (indexing lag), in
+    /// How long after the outcome became unknown "not found" may still change (indexing lag), in
     /// seconds; absence counts as definitive only after it, and only from a complete search.
     #[serde(default = "default_grace")]
     pub absence_grace_seconds: u32,
@@ -282,15 +282,17 @@ impl ReconcilePolicy {
         let exponent = i32::try_from(lookups.saturating_sub(1))
             .unwrap_or(i32::MAX)
             .min(64);
-        let seconds = (base * self.backoff_multiplier.powi(exponent)).min(max);
-        std::time::Duration::from_secs_f64(seconds)
+        let seconds = (base * self.backoff_multiplier.powi(exponent)).clamp(0.0, max);
+        // A multiplier out of range (refused in files, possible in code) never panics.
+        std::time::Duration::try_from_secs_f64(seconds)
+            .unwrap_or(std::time::Duration::from_secs_f64(max))
     }
 
     /// The same delay spread by `jitter`, using `unit` in [0, 1) as the random draw.
     pub fn backoff_with_jitter(&self, lookups: u32, unit: f64) -> std::time::Duration {
         let delay = self.backoff(lookups).as_secs_f64();
-        let spread = 1.0 + self.jitter * (2.0 * unit.clamp(0.0, 1.0) - 1.0);
-        std::time::Duration::from_secs_f64((delay * spread).max(0.0))
+        let spread = 1.0 + self.jitter.clamp(0.0, 1.0) * (2.0 * unit.clamp(0.0, 1.0) - 1.0);
+        std::time::Duration::try_from_secs_f64(delay * spread).unwrap_or(self.backoff(lookups))
     }
 }
 
@@ -535,6 +537,20 @@ impl Policy {
             .or(self.default_action.as_ref())
     }
 
+    /// The longest lookup timeout of any adapter (zero without adapters).
+    pub fn longest_lookup_timeout(&self) -> std::time::Duration {
+        let seconds = self
+            .adapters
+            .values()
+            .map(|adapter| match adapter {
+                AdapterConfig::Http(http) => http.timeout_seconds,
+                AdapterConfig::Grpc(grpc) => grpc.timeout_seconds,
+                AdapterConfig::None => 0.0,
+            })
+            .fold(0.0_f64, f64::max);
+        std::time::Duration::try_from_secs_f64(seconds.min(300.0)).unwrap_or_default()
+    }
+
     /// The adapter configured for an action, if any.
     pub fn adapter_for(&self, action: &ActionPolicy) -> Option<(&str, &AdapterConfig)> {
         let name = action.reconcile.adapter.as_deref()?;
@@ -566,6 +582,14 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)>
         return Err((
             "timeout_seconds",
             "must be greater than 0 and at most 300".into(),
+        ));
+    }
+    if http.search_complete && http.absent_match.is_none() {
+        return Err((
+            "absent_match",
+            "is required with search_complete: true, so that only the provider's own \
+             \"no such object\" answer (not a wrong URL or a proxy's 404) proves absence"
+                .into(),
         ));
     }
     let pointers = http

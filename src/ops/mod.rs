@@ -127,7 +127,13 @@ pub async fn run(command: OpsCommand) -> ExitCode {
     let mut client = OpsClient::new(command.common().server.clone());
     let (document, code) = match execute(&mut client, &command).await {
         Ok(output) if json => (output.json().map(line), ExitCode::SUCCESS),
-        Ok(output) => (Ok(output.text()), ExitCode::SUCCESS),
+        Ok(output) => {
+            let mut text = output.text();
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            (Ok(text), ExitCode::SUCCESS)
+        }
         Err(status) => {
             let report = ErrorReport::from_status(&status);
             eprintln!("{}", report.line());

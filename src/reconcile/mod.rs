@@ -24,6 +24,7 @@ pub mod worker;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::model::{
@@ -88,6 +89,7 @@ pub struct Reconciler {
     policy: Arc<Policy>,
     adapters: AdapterSet,
     actor: String,
+    lookup_hold: Duration,
 }
 
 impl Reconciler {
@@ -99,11 +101,13 @@ impl Reconciler {
         adapters: AdapterSet,
         actor: impl Into<String>,
     ) -> Self {
+        let lookup_hold = reconcile_lease_for(&policy);
         Self {
             store,
             policy,
             adapters,
             actor: actor.into(),
+            lookup_hold,
         }
     }
 
@@ -144,6 +148,12 @@ impl Reconciler {
         let adapter = self
             .adapter_for(&record, &action)
             .ok_or(JournalError::NoProviderAdapter)?;
+        // Take the reconcile lease, so that no worker looks the operation up meanwhile.
+        let record = self
+            .store
+            .claim_for_reconcile(&namespace, &key, self.lookup_hold)
+            .await?
+            .ok_or(JournalError::ReconcileInProgress)?;
         let observation = adapter.lookup(&lookup_request(&record)).await;
         self.apply(record, &action, Some(observation)).await
     }
@@ -154,7 +164,30 @@ impl Reconciler {
         &self,
         record: OperationRecord,
     ) -> Result<ReconcileReport, JournalError> {
-        let action = self.action_policy(&record)?;
+        let Ok(action) = self.action_policy(&record) else {
+            // Neither the recorded rules nor today's file know the action: a person decides.
+            let escalate = Resolution::Escalate {
+                reason: "action_not_configured".into(),
+            };
+            let attribution =
+                Attribution::worker(self.actor.clone(), "escalated:action_not_configured");
+            return match self
+                .store
+                .resolve(&record, &escalate, &attribution, false)
+                .await?
+            {
+                Some(updated) => Ok(ReconcileReport {
+                    record: updated,
+                    observation: None,
+                    action: ReconcileAction::Escalated,
+                }),
+                None => Ok(ReconcileReport {
+                    record: self.current(&record).await?,
+                    observation: None,
+                    action: ReconcileAction::Superseded,
+                }),
+            };
+        };
         let observation = match self.adapter_for(&record, &action) {
             Some(adapter) => Some(adapter.lookup(&lookup_request(&record)).await),
             None => None,
@@ -368,6 +401,11 @@ fn next_token<T>(rows: &mut Vec<T>, limit: i64, token: impl Fn(&T) -> Option<Str
     }
 }
 
+/// The reconcile lease of an on-request lookup: twice the slowest adapter's timeout.
+fn reconcile_lease_for(policy: &Policy) -> Duration {
+    (policy.longest_lookup_timeout() * 2).max(Duration::from_secs(10))
+}
+
 fn lookup_request(record: &OperationRecord) -> LookupRequest {
     LookupRequest {
         namespace: record.namespace.to_string(),
@@ -399,16 +437,21 @@ pub fn resolution_for(
     let lookups = u32::try_from(record.reconcile_attempts.saturating_add(1)).unwrap_or(1);
     let next_check_after = action.reconcile.backoff_with_jitter(lookups, jitter_unit);
     let keep = || {
+        let escalates = action.on_unresolved == OnUnresolved::RequireHumanReview;
         let deadline = action
             .unknown_after_seconds
+            .filter(|_| escalates)
             .map(|s| unknown_since(record) + TimeDelta::seconds(i64::from(s)));
-        let overdue = deadline.is_some_and(|d| record.observed_at >= d);
-        if overdue && action.on_unresolved == OnUnresolved::RequireHumanReview {
-            Resolution::Escalate {
+        match deadline {
+            Some(deadline) if record.observed_at >= deadline => Resolution::Escalate {
                 reason: "unresolved_after_deadline".into(),
-            }
-        } else {
-            Resolution::KeepUnknown { next_check_after }
+            },
+            // Never look later than the deadline: escalation happens on time.
+            Some(deadline) => Resolution::KeepUnknown {
+                next_check_after: next_check_after
+                    .min((deadline - record.observed_at).to_std().unwrap_or_default()),
+            },
+            None => Resolution::KeepUnknown { next_check_after },
         }
     };
     match observation {

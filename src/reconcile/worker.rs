@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{ReconcileAction, Reconciler};
@@ -92,6 +91,23 @@ impl Worker {
         Self { reconciler, config }
     }
 
+    /// Checks that the claim hold outlasts the slowest lookup of `policy` (with margin), so
+    /// that a claimed operation is never claimed again while its lookup runs.
+    ///
+    /// Errors: a message naming `reconcile_claim_hold_seconds`.
+    pub fn check_claim_hold(&self, policy: &crate::domain::policy::Policy) -> Result<(), String> {
+        let needed = policy.longest_lookup_timeout() * 2;
+        if self.config.claim_hold < needed {
+            return Err(format!(
+                "reconcile_claim_hold_seconds: {} s is shorter than twice the slowest adapter \
+                 timeout ({} s)",
+                self.config.claim_hold.as_secs_f64(),
+                needed.as_secs_f64()
+            ));
+        }
+        Ok(())
+    }
+
     /// One poll: sweep, claim, look up. Errors only when the store cannot be reached.
     pub async fn tick(&self) -> Result<TickStats, StoreError> {
         let store = self.reconciler.store();
@@ -101,14 +117,29 @@ impl Worker {
                 .await?,
             ..TickStats::default()
         };
-        let due = store
-            .claim_due(self.config.batch_size, self.config.claim_hold)
-            .await?;
-        let results: Vec<_> = futures::stream::iter(due)
-            .map(|record| self.reconciler.reconcile_claimed(record))
-            .buffer_unordered(self.config.concurrency.max(1))
-            .collect()
+        // Claim only as many as run at once: a claimed operation is looked up at once, so the
+        // claim hold only has to outlast one lookup, never a queue of them.
+        let chunk = i64::try_from(self.config.concurrency.max(1)).unwrap_or(i64::MAX);
+        let mut results = Vec::new();
+        let mut claimed = 0;
+        while claimed < self.config.batch_size {
+            let due = store
+                .claim_due(
+                    chunk.min(self.config.batch_size - claimed),
+                    self.config.claim_hold,
+                )
+                .await?;
+            if due.is_empty() {
+                break;
+            }
+            claimed += i64::try_from(due.len()).unwrap_or(i64::MAX);
+            let reconciled: Vec<_> = futures::future::join_all(
+                due.into_iter()
+                    .map(|record| self.reconciler.reconcile_claimed(record)),
+            )
             .await;
+            results.extend(reconciled);
+        }
         for result in results {
             stats.looked_up += 1;
             match result {

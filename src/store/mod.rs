@@ -258,6 +258,16 @@ pub trait JournalStore: Send + Sync + 'static {
         hold: Duration,
     ) -> Result<Vec<OperationRecord>, StoreError>;
 
+    /// Takes the reconcile lease of one unknown operation (or one whose lease ended) for
+    /// `hold`, so that no worker looks it up meanwhile; `None` when it is not reconcilable or
+    /// someone is already looking it up.
+    async fn claim_for_reconcile(
+        &self,
+        namespace: &Namespace,
+        key: &OperationKey,
+        hold: Duration,
+    ) -> Result<Option<OperationRecord>, StoreError>;
+
     /// The key of another operation in `namespace` with the same action type and request
     /// hash that is pending, in progress or unknown, or succeeded less than `window` ago.
     async fn find_same_request(

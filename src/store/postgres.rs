@@ -270,8 +270,7 @@ impl JournalStore for PgStore {
         // The holder of an attempt reports once, while no later attempt exists: from
         // in_progress (even after its lease ended), or from unknown or pending when the sweep
         // or a release, not the holder, put it there.
-        let fence = ", last_actor_kind = 'client', last_actor = '', review_required_at = NULL, \
-                     review_reason = NULL, outcome_reported = true \
+        let fence = ", last_actor_kind = 'client', last_actor = '', outcome_reported = true \
                      WHERE namespace = $1 AND operation_key = $2 \
                      AND attempt_count = $3 AND lease_id = $4 \
                      AND (status = 'in_progress' \
@@ -281,20 +280,23 @@ impl JournalStore for PgStore {
                 "UPDATE agent_operations SET status = 'succeeded', external_id = $5, \
                      result_json = $6, error_code = NULL, lease_until = NULL, \
                      unknown_since = NULL, next_check_at = NULL, updated_at = now(), \
-                     last_reason = 'completed' \
+                     last_reason = 'completed', review_required_at = NULL, \
+                     review_reason = NULL \
                  {fence} RETURNING {COLUMNS}"
             ),
             Settlement::FailedFinal { .. } => format!(
                 "UPDATE agent_operations SET status = 'failed_final', error_code = $5, \
                      lease_until = NULL, unknown_since = NULL, next_check_at = NULL, \
-                     updated_at = now(), last_reason = $5 \
+                     updated_at = now(), last_reason = $5, review_required_at = NULL, \
+                     review_reason = NULL \
                  {fence} RETURNING {COLUMNS}"
             ),
             Settlement::Unknown { .. } => format!(
                 "UPDATE agent_operations SET status = 'unknown', error_code = $5, \
-                     lease_until = NULL, unknown_since = now(), \
-                     next_check_at = now() + make_interval(secs => $6), updated_at = now(), \
-                     last_reason = $5 \
+                     lease_until = NULL, unknown_since = COALESCE(unknown_since, now()), \
+                     next_check_at = CASE WHEN review_required_at IS NULL \
+                         THEN now() + make_interval(secs => $6) END, \
+                     updated_at = now(), last_reason = $5 \
                  {fence} RETURNING {COLUMNS}"
             ),
         };
@@ -406,7 +408,7 @@ impl JournalStore for PgStore {
                 .to_owned(),
         };
         let sql = format!(
-            "UPDATE agent_operations SET {set}, \
+            "UPDATE agent_operations SET {set}, reconcile_lease_until = NULL, \
                  reconcile_attempts = reconcile_attempts + $5, \
                  last_actor_kind = $6, last_actor = $7, last_reason = $10, \
                  updated_at = now() \
@@ -533,9 +535,11 @@ impl JournalStore for PgStore {
             "WITH due AS ( \
                  SELECT namespace, operation_key FROM agent_operations \
                  WHERE status = 'unknown' AND next_check_at <= now() \
+                   AND (reconcile_lease_until IS NULL OR reconcile_lease_until < now()) \
                  ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
              UPDATE agent_operations o \
-             SET next_check_at = now() + make_interval(secs => $2) \
+             SET next_check_at = now() + make_interval(secs => $2), \
+                 reconcile_lease_until = now() + make_interval(secs => $2) \
              FROM due \
              WHERE o.namespace = due.namespace AND o.operation_key = due.operation_key \
              RETURNING {columns}"
@@ -547,6 +551,28 @@ impl JournalStore for PgStore {
             .await
             .map_err(classify)?;
         rows.iter().map(record_from_row).collect()
+    }
+
+    async fn claim_for_reconcile(
+        &self,
+        namespace: &Namespace,
+        key: &OperationKey,
+        hold: Duration,
+    ) -> Result<Option<OperationRecord>, StoreError> {
+        let sql = format!(
+            "UPDATE agent_operations SET reconcile_lease_until = now() + make_interval(secs => $3) \
+             WHERE namespace = $1 AND operation_key = $2 \
+               AND (status = 'unknown' OR (status = 'in_progress' AND lease_until <= now())) \
+               AND (reconcile_lease_until IS NULL OR reconcile_lease_until < now()) \
+             RETURNING {COLUMNS}"
+        );
+        self.fetch_optional(
+            sqlx::query(trusted(sql))
+                .bind(namespace.as_str())
+                .bind(key.as_str())
+                .bind(seconds(hold)),
+        )
+        .await
     }
 
     async fn find_same_request(

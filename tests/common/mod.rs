@@ -63,6 +63,13 @@ actions:
       first_check_after_seconds: 0
       interval_seconds: 1
       absence_grace_seconds: 60
+  create_payment_bulk:
+    reconcile: {{ adapter: sandbox_payments, first_check_after_seconds: 0, interval_seconds: 600, absence_grace_seconds: 3600 }}
+  create_payment_deadline_slow:
+    unknown_after_seconds: 1
+    reconcile: {{ adapter: sandbox_payments, first_check_after_seconds: 0, interval_seconds: 30, jitter: 0.0, absence_grace_seconds: 60 }}
+  create_payment_incomplete:
+    reconcile: {{ adapter: sandbox_payments_incomplete, first_check_after_seconds: 0, absence_grace_seconds: 0 }}
   create_payment_hold:
     duplicate_intent: {{ mode: hold, window_seconds: 600 }}
   create_payment_warn:
@@ -74,6 +81,11 @@ actions:
 adapters:
   email_no_lookup:
     kind: none
+  sandbox_payments_incomplete:
+    kind: http
+    url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
+    search_complete: false
+    response: {{ status_pointer: /status, succeeded_values: [succeeded], external_id_pointer: /id }}
   sandbox_payments:
     kind: http
     url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
