@@ -1,6 +1,7 @@
-//! `JournalError` -> `tonic::Status`: one gRPC code and exactly one `google.rpc.ErrorInfo`
-//! (AIP-193) per error, with a stable reason. The mapping is exhaustive on purpose: a new
-//! error variant does not compile until it is given a code and a reason.
+//! `JournalError` and `AccessError` -> `tonic::Status`: one gRPC code and exactly one
+//! `google.rpc.ErrorInfo` (AIP-193) per error, with a stable reason. The mappings are
+//! exhaustive on purpose: a new error variant does not compile until it is given a code and a
+//! reason.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
+use crate::domain::access::AccessError;
 use crate::domain::error::JournalError;
 
 /// The `ErrorInfo.domain` of every error this service returns.
@@ -150,6 +152,43 @@ impl From<JournalError> for Status {
                 tracing::error!(error = %source, "internal error");
                 status(Code::Internal, "INTERNAL", "internal error", HashMap::new())
             }
+        }
+    }
+}
+
+impl From<AccessError> for Status {
+    fn from(error: AccessError) -> Self {
+        match error {
+            AccessError::MissingCredentials => status(
+                Code::Unauthenticated,
+                "MISSING_CREDENTIALS",
+                "this server requires an `authorization: Bearer <token>` header",
+                HashMap::new(),
+            ),
+            AccessError::InvalidCredentials => status(
+                Code::Unauthenticated,
+                "INVALID_CREDENTIALS",
+                "the bearer token is malformed or not known to this server",
+                HashMap::new(),
+            ),
+            AccessError::RoleNotAllowed { rpc } => status(
+                Code::PermissionDenied,
+                "ROLE_NOT_ALLOWED",
+                format!("{} is not allowed for this token's roles", rpc.name()),
+                HashMap::from([("rpc".to_owned(), rpc.name().to_owned())]),
+            ),
+            AccessError::NamespaceNotAllowed { namespace } => status(
+                Code::PermissionDenied,
+                "NAMESPACE_NOT_ALLOWED",
+                format!("namespace {namespace} is not allowed for this token"),
+                HashMap::from([("namespace".to_owned(), namespace)]),
+            ),
+            AccessError::ReviewerMismatch => status(
+                Code::PermissionDenied,
+                "REVIEWER_MISMATCH",
+                "reviewer must be empty or the name of the caller's token",
+                HashMap::new(),
+            ),
         }
     }
 }

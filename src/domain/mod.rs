@@ -1,6 +1,7 @@
 //! The journal's rules, free of transport and storage: the state machine, request hashing,
-//! leases and fencing tokens, and the action policy.
+//! leases and fencing tokens, the action policy, and access control.
 
+pub mod access;
 pub mod canonical;
 pub mod error;
 pub mod lease;
