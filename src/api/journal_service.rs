@@ -1,8 +1,11 @@
-//! The `OperationJournal` gRPC service: thin handlers over [`Journal`].
+//! The `OperationJournal` gRPC service: thin handlers over [`Journal`], each checking the
+//! caller's role and namespace first (see [`super::auth`]).
 
 use tonic::{Request, Response, Status};
 
+use super::auth::{self, check_lease_namespace, check_namespace};
 use super::convert;
+use crate::domain::access::Rpc;
 use crate::domain::model::OperationRecord;
 use crate::journal::{BeginCommand, BeginOutcome, Journal};
 use crate::proto;
@@ -33,7 +36,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::BeginOperationRequest>,
     ) -> Result<Response<proto::BeginOperationResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::BeginOperation)?;
         let r = request.into_inner();
+        check_namespace(&caller, &r.namespace)?;
         let command = self.journal.parse_begin(
             &r.namespace,
             &r.operation_key,
@@ -89,7 +94,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::CompleteOperationRequest>,
     ) -> Result<Response<proto::CompleteOperationResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::CompleteOperation)?;
         let r = request.into_inner();
+        check_lease_namespace(&caller, &r.lease_token)?;
         let record = self
             .journal
             .complete(&r.lease_token, &r.external_id, &r.result_json)
@@ -104,7 +111,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::FailOperationRequest>,
     ) -> Result<Response<proto::FailOperationResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::FailOperation)?;
         let r = request.into_inner();
+        check_lease_namespace(&caller, &r.lease_token)?;
         let record = self.journal.fail(&r.lease_token, &r.error_code).await?;
         Ok(Response::new(proto::FailOperationResponse {
             operation: Some(convert::operation(&record)),
@@ -116,7 +125,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::ReportUnknownOutcomeRequest>,
     ) -> Result<Response<proto::ReportUnknownOutcomeResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::ReportUnknownOutcome)?;
         let r = request.into_inner();
+        check_lease_namespace(&caller, &r.lease_token)?;
         let record = self
             .journal
             .report_unknown(&r.lease_token, &r.error_code)
@@ -131,7 +142,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::RenewLeaseRequest>,
     ) -> Result<Response<proto::RenewLeaseResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::RenewLease)?;
         let r = request.into_inner();
+        check_lease_namespace(&caller, &r.lease_token)?;
         let record = self.journal.renew(&r.lease_token, r.lease_seconds).await?;
         Ok(Response::new(proto::RenewLeaseResponse {
             operation: Some(convert::operation(&record)),
@@ -143,7 +156,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::GetOperationRequest>,
     ) -> Result<Response<proto::GetOperationResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::GetOperation)?;
         let r = request.into_inner();
+        check_namespace(&caller, &r.namespace)?;
         let record = self.journal.get(&r.namespace, &r.operation_key).await?;
         Ok(Response::new(proto::GetOperationResponse {
             operation: Some(convert::operation(&record)),
@@ -155,7 +170,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::ListOperationsRequest>,
     ) -> Result<Response<proto::ListOperationsResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::ListOperations)?;
         let r = request.into_inner();
+        check_namespace(&caller, &r.namespace)?;
         let status = proto::OperationStatus::try_from(r.status).map_err(|_| {
             Status::from(crate::domain::error::JournalError::invalid(
                 "INVALID_STATUS_FILTER",

@@ -1,14 +1,17 @@
-//! The gRPC transport: services, health, reflection, and ordered shutdown.
+//! The gRPC transport: services, health, reflection, authentication, TLS, and ordered
+//! shutdown.
 //!
 //! Health entries: `""` (the whole server) and `liveness` never depend on the database;
 //! `readiness` and one entry per service follow a cached database check. On shutdown every
 //! entry goes NOT_SERVING first, then, after `drain_delay` (time for load balancers to
 //! notice), the listener closes and in-flight calls finish.
 
+pub mod auth;
 pub mod convert;
 pub mod journal_service;
 pub mod reconciler_service;
 pub mod status;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +19,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::ServerTlsConfig;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -23,6 +28,7 @@ use crate::journal::Journal;
 use crate::proto;
 use crate::reconcile::Reconciler;
 use crate::store::JournalStore;
+pub use auth::Authenticator;
 pub use journal_service::JournalService;
 pub use reconciler_service::ReconcilerService;
 
@@ -32,13 +38,24 @@ pub const LIVENESS: &str = "liveness";
 pub const READINESS: &str = "readiness";
 const SERVICES: &[&str] = &["opjournal.v1.OperationJournal", "opjournal.v1.Reconciler"];
 
-/// Server lifecycle settings.
+/// Largest request message the server decodes by default, in bytes (1 MiB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// Server settings: lifecycle, authentication, TLS and the message size limit.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     /// How often readiness checks the database.
     pub readiness_interval: Duration,
     /// Time between NOT_SERVING and closing the listener on shutdown.
     pub drain_delay: Duration,
+    /// Bearer-token authentication of the journal and reconciler services (health and
+    /// reflection stay open); disabled by default.
+    pub auth: Authenticator,
+    /// TLS (and, with a client CA, mutual TLS) for the whole port; plaintext when `None`.
+    pub tls: Option<ServerTlsConfig>,
+    /// Largest request message decoded, in bytes; a larger one is refused by the transport
+    /// with `OUT_OF_RANGE` before any handler runs.
+    pub max_message_bytes: usize,
 }
 
 impl Default for ServeOptions {
@@ -46,6 +63,9 @@ impl Default for ServeOptions {
         Self {
             readiness_interval: Duration::from_secs(2),
             drain_delay: Duration::from_secs(0),
+            auth: Authenticator::disabled(),
+            tls: None,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -71,6 +91,10 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = options.tls.clone() {
+        builder = builder.tls_config(tls)?;
+    }
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status(LIVENESS, ServingStatus::Serving)
@@ -111,12 +135,18 @@ pub async fn serve(
         tokio::time::sleep(drain_delay).await;
     };
 
-    let result = tonic::transport::Server::builder()
+    let journal = JournalService::new(journal)
+        .into_server()
+        .max_decoding_message_size(options.max_message_bytes);
+    let reconciler = ReconcilerService::new(reconciler)
+        .into_server()
+        .max_decoding_message_size(options.max_message_bytes);
+    let result = builder
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(JournalService::new(journal).into_server())
-        .add_service(ReconcilerService::new(reconciler).into_server())
+        .add_service(InterceptedService::new(journal, options.auth.clone()))
+        .add_service(InterceptedService::new(reconciler, options.auth))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
         .await;
     readiness.abort();

@@ -1,8 +1,12 @@
 //! The `Reconciler` gRPC service: reconcile now, the review queue, resolutions, history.
+//! Each handler checks the caller's role and namespace first (see [`super::auth`]); with
+//! authentication on, the reviewer of a resolution is the caller's token name.
 
 use tonic::{Request, Response, Status};
 
+use super::auth::{self, check_namespace};
 use super::convert;
+use crate::domain::access::Rpc;
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::proto;
 use crate::proto::reconciler_server::{Reconciler as ReconcilerRpc, ReconcilerServer};
@@ -34,7 +38,9 @@ impl ReconcilerRpc for ReconcilerService {
         &self,
         request: Request<proto::ReconcileOperationRequest>,
     ) -> Result<Response<proto::ReconcileOperationResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::ReconcileOperation)?;
         let r = request.into_inner();
+        check_namespace(&caller, &r.namespace)?;
         let report = self
             .reconciler
             .reconcile_now(&r.namespace, &r.operation_key)
@@ -58,7 +64,9 @@ impl ReconcilerRpc for ReconcilerService {
         &self,
         request: Request<proto::ListOperationsForReviewRequest>,
     ) -> Result<Response<proto::ListOperationsForReviewResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::ListOperationsForReview)?;
         let r = request.into_inner();
+        check_namespace(&caller, &r.namespace)?;
         let (records, next_page_token) = self
             .reconciler
             .list_for_review(&r.namespace, r.page_size, &r.page_token)
@@ -74,7 +82,9 @@ impl ReconcilerRpc for ReconcilerService {
         &self,
         request: Request<proto::ResolveOperationRequest>,
     ) -> Result<Response<proto::ResolveOperationResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::ResolveOperation)?;
         let r = request.into_inner();
+        check_namespace(&caller, &r.namespace)?;
         let decision = match r.resolution {
             Some(ProtoResolution::Succeeded(s)) => ReviewDecision::Succeeded {
                 external_id: s.external_id,
@@ -95,13 +105,16 @@ impl ReconcilerRpc for ReconcilerService {
                 .into());
             }
         };
+        let reviewer = caller
+            .reviewer(&r.reviewer)
+            .map_err(|error| auth::refused(&caller, error))?;
         let record = self
             .reconciler
             .resolve_by_reviewer(
                 &r.namespace,
                 &r.operation_key,
                 r.expected_attempt_count,
-                &r.reviewer,
+                &reviewer,
                 &r.reason,
                 decision,
             )
@@ -116,7 +129,9 @@ impl ReconcilerRpc for ReconcilerService {
         &self,
         request: Request<proto::GetOperationHistoryRequest>,
     ) -> Result<Response<proto::GetOperationHistoryResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::GetOperationHistory)?;
         let r = request.into_inner();
+        check_namespace(&caller, &r.namespace)?;
         let (events, next_page_token) = self
             .reconciler
             .history(&r.namespace, &r.operation_key, r.page_size, &r.page_token)

@@ -1,0 +1,232 @@
+//! Bearer-token authentication for the gRPC services.
+//!
+//! [`Authenticator`] is a tonic interceptor in front of `OperationJournal` and `Reconciler`
+//! (health and reflection stay open): it turns the `authorization: Bearer <token>` header
+//! into a [`Caller`] in the request's extensions, or refuses the call with
+//! `UNAUTHENTICATED`. Each handler then checks its RPC and the namespace it touches with
+//! [`caller`] and [`check_namespace`] / [`check_lease_namespace`]. With no tokens configured
+//! every call passes as [`Caller::Anyone`]. Tokens are never logged.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tonic::metadata::{Ascii, MetadataMap, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::{Request, Status};
+
+use crate::domain::access::{AccessError, Caller, Rpc, TokenRegistry};
+use crate::domain::error::JournalError;
+use crate::domain::lease::LeaseToken;
+use crate::domain::model::Namespace;
+
+const AUTHORIZATION: &str = "authorization";
+
+/// The server side: authenticates each call against the configured tokens.
+#[derive(Clone, Default)]
+pub struct Authenticator {
+    registry: Option<Arc<TokenRegistry>>,
+}
+
+impl Authenticator {
+    /// Authentication off: every call is [`Caller::Anyone`].
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+
+    /// Authentication against `registry`; an empty registry means authentication off.
+    pub fn new(registry: TokenRegistry) -> Self {
+        if registry.is_empty() {
+            Self::disabled()
+        } else {
+            Self {
+                registry: Some(Arc::new(registry)),
+            }
+        }
+    }
+
+    /// Whether calls must present a token.
+    pub fn is_enabled(&self) -> bool {
+        self.registry.is_some()
+    }
+
+    /// The caller behind `metadata`.
+    ///
+    /// Errors: [`AccessError::MissingCredentials`] without an `authorization` header;
+    /// [`AccessError::InvalidCredentials`] for more than one, a scheme other than `Bearer`,
+    /// a token outside RFC 6750's `b64token` characters, or a token not configured.
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, AccessError> {
+        let Some(registry) = &self.registry else {
+            return Ok(Caller::Anyone);
+        };
+        let mut values = metadata.get_all(AUTHORIZATION).iter();
+        let value = values.next().ok_or(AccessError::MissingCredentials)?;
+        if values.next().is_some() {
+            return Err(AccessError::InvalidCredentials);
+        }
+        let token = bearer_token(
+            value
+                .to_str()
+                .map_err(|_| AccessError::InvalidCredentials)?,
+        )
+        .ok_or(AccessError::InvalidCredentials)?;
+        registry
+            .authenticate(token)
+            .map(Caller::Principal)
+            .ok_or(AccessError::InvalidCredentials)
+    }
+}
+
+impl fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("tokens", &self.registry.as_ref().map_or(0, |r| r.len()))
+            .finish()
+    }
+}
+
+impl Interceptor for Authenticator {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        match self.authenticate(request.metadata()) {
+            Ok(caller) => {
+                request.extensions_mut().insert(caller);
+                Ok(request)
+            }
+            Err(error) => {
+                tracing::debug!(%error, "call refused: not authenticated");
+                Err(error.into())
+            }
+        }
+    }
+}
+
+/// The token of an `authorization` value `Bearer <token>` (scheme in any case).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    let b64token =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~' | '+' | '/');
+    let body = token.trim_end_matches('=');
+    (scheme.eq_ignore_ascii_case("bearer") && !body.is_empty() && body.chars().all(b64token))
+        .then_some(token)
+}
+
+/// The authenticated caller of `request`, checked for `rpc`.
+///
+/// Errors: `PERMISSION_DENIED`/`ROLE_NOT_ALLOWED`; `INTERNAL` when the request did not pass
+/// through an [`Authenticator`] (a wiring bug: the call is refused, never let through).
+pub fn caller<T>(request: &Request<T>, rpc: Rpc) -> Result<Caller, Status> {
+    let caller = request
+        .extensions()
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| JournalError::internal("a call reached a handler without authentication"))?;
+    caller
+        .authorize(rpc)
+        .map_err(|error| refused(&caller, error))?;
+    Ok(caller)
+}
+
+/// Checks that `caller` may touch the request's `namespace` field (empty means `default`).
+///
+/// Errors: `INVALID_ARGUMENT` for a malformed namespace; `PERMISSION_DENIED`/
+/// `NAMESPACE_NOT_ALLOWED`.
+pub fn check_namespace(caller: &Caller, namespace: &str) -> Result<(), Status> {
+    if let Caller::Anyone = caller {
+        return Ok(());
+    }
+    let namespace = Namespace::parse(namespace)?;
+    caller
+        .authorize_namespace(&namespace)
+        .map_err(|error| refused(caller, error))
+}
+
+/// Checks that `caller` may touch the operation a lease token names: the namespace inside
+/// the token counts, not any the request claims.
+///
+/// Errors: `INVALID_ARGUMENT`/`INVALID_LEASE_TOKEN`; `PERMISSION_DENIED`/
+/// `NAMESPACE_NOT_ALLOWED`.
+pub fn check_lease_namespace(caller: &Caller, lease_token: &str) -> Result<(), Status> {
+    if let Caller::Anyone = caller {
+        return Ok(());
+    }
+    let token = LeaseToken::parse(lease_token)?;
+    caller
+        .authorize_namespace(&token.namespace)
+        .map_err(|error| refused(caller, error))
+}
+
+/// Logs a refusal (the principal's name, never its token) and turns it into a status.
+pub fn refused(caller: &Caller, error: AccessError) -> Status {
+    tracing::info!(principal = caller.name().unwrap_or(""), %error, "call refused");
+    error.into()
+}
+
+/// The client side: adds `authorization: Bearer <token>` to every call (or nothing).
+#[derive(Clone, Default)]
+pub struct BearerToken(Option<MetadataValue<Ascii>>);
+
+/// A token that cannot be sent in a header.
+#[derive(Debug, thiserror::Error)]
+#[error("the token must be non-empty printable ASCII")]
+pub struct InvalidToken;
+
+impl BearerToken {
+    /// Sends `token`.
+    ///
+    /// Errors: [`InvalidToken`] for an empty token or one with characters a header cannot
+    /// carry.
+    pub fn new(token: &str) -> Result<Self, InvalidToken> {
+        if token.is_empty() {
+            return Err(InvalidToken);
+        }
+        let mut value: MetadataValue<Ascii> = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| InvalidToken)?;
+        // Keeps the value out of HTTP/2 header compression tables.
+        value.set_sensitive(true);
+        Ok(Self(Some(value)))
+    }
+
+    /// Sends no token.
+    pub fn none() -> Self {
+        Self(None)
+    }
+}
+
+impl fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "BearerToken(..)"
+        } else {
+            "BearerToken(none)"
+        })
+    }
+}
+
+impl Interceptor for BearerToken {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert(AUTHORIZATION, value.clone());
+        }
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn only_the_bearer_scheme_with_a_b64token_is_accepted() {
+        assert_eq!(
+            bearer_token("Bearer abc.DEF-12_~+/=="),
+            Some("abc.DEF-12_~+/==")
+        );
+        assert_eq!(bearer_token("bearer  abc"), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearer a b"), None);
+        assert_eq!(bearer_token("Bearer =="), None);
+    }
+}
