@@ -6,7 +6,9 @@ use std::sync::Arc;
 use sqlx::migrate::MigrateDatabase as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, LogFormat};
+use crate::api::tls::{self, ServerTlsFiles, TlsError};
+use crate::api::{Authenticator, ServeOptions};
+use crate::config::{Config, ConfigError, LogFormat};
 use crate::domain::policy::{Policy, PolicyError};
 use crate::journal::{Journal, RequestLimits};
 use crate::reconcile::adapter::AdapterError;
@@ -25,6 +27,12 @@ pub enum StartError {
     /// The database cannot be prepared.
     #[error("database: {0}")]
     Store(#[from] StoreError),
+    /// A setting is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A certificate file is unusable.
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
 }
 
 /// The journal's parts, built from a configuration.
@@ -55,16 +63,81 @@ pub fn build(config: &Config) -> Result<Components, StartError> {
     let policy = Arc::new(load_policy(config)?);
     let adapters = AdapterSet::from_policy(&policy)?;
     let store = PgStore::connect_lazy(&config.database_url, config.max_connections)?;
-    Ok(components(store, policy, adapters))
+    Ok(components_with_limits(
+        store,
+        policy,
+        adapters,
+        config.request_limits(),
+    ))
 }
 
-/// Assembles components over an existing store.
+/// Assembles components over an existing store, with the default request limits.
 pub fn components(store: PgStore, policy: Arc<Policy>, adapters: AdapterSet) -> Components {
+    components_with_limits(store, policy, adapters, RequestLimits::default())
+}
+
+/// Assembles components over an existing store, with `limits`.
+pub fn components_with_limits(
+    store: PgStore,
+    policy: Arc<Policy>,
+    adapters: AdapterSet,
+    limits: RequestLimits,
+) -> Components {
     let shared: Arc<dyn JournalStore> = Arc::new(store.clone());
     Components {
-        journal: Journal::new(shared.clone(), policy.clone(), RequestLimits::default()),
-        reconciler: Reconciler::new(shared, policy, adapters, default_actor()),
+        journal: Journal::new(shared.clone(), policy.clone(), limits.clone()),
+        reconciler: Reconciler::new(shared, policy, adapters, default_actor()).with_limits(limits),
         store,
+    }
+}
+
+/// The server's settings from the configuration: lifecycle, bearer tokens, TLS files (read
+/// and checked now) and the message size limit. Logs a warning when authentication is off
+/// on an address other than loopback.
+///
+/// Errors: invalid tokens, or an unusable certificate file (naming the setting).
+pub fn serve_options(config: &Config) -> Result<ServeOptions, StartError> {
+    let registry = config.token_registry()?;
+    let tls = match (&config.tls_cert_file, &config.tls_key_file) {
+        (Some(cert_file), Some(key_file)) => Some(tls::server_config(&ServerTlsFiles {
+            cert_file: cert_file.clone(),
+            key_file: key_file.clone(),
+            client_ca_file: config.tls_client_ca_file.clone(),
+        })?),
+        _ => None,
+    };
+    Ok(ServeOptions {
+        readiness_interval: Config::seconds(config.readiness_interval_seconds),
+        drain_delay: Config::seconds(config.drain_delay_seconds),
+        auth: Authenticator::new(registry),
+        tls,
+        max_message_bytes: config.max_message_bytes,
+    })
+}
+
+/// Logs how the server is secured; warns when no token is configured and the address is
+/// reachable from other hosts.
+pub fn log_security(config: &Config, options: &ServeOptions) {
+    let tls = match (&options.tls, &config.tls_client_ca_file) {
+        (None, _) => "off",
+        (Some(_), None) => "on",
+        (Some(_), Some(_)) => "mutual",
+    };
+    if options.auth.is_enabled() {
+        tracing::info!(
+            tokens = config.tokens.len(),
+            tls,
+            "bearer-token authentication on"
+        );
+    } else if config.listen.ip().is_loopback() {
+        tracing::info!(tls, "authentication off (no tokens configured)");
+    } else {
+        tracing::warn!(
+            listen = %config.listen,
+            tls,
+            "authentication off (no tokens configured) on an address other hosts can reach: \
+             every caller can read and change every namespace"
+        );
     }
 }
 

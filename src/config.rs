@@ -9,6 +9,10 @@ use figment::Figment;
 use figment::providers::{Env, Format as _, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::access::{NamespaceScope, Principal, Role, TokenDigest, TokenRegistry};
+use crate::domain::model::Namespace;
+use crate::journal::RequestLimits;
+
 /// Settings of the server and of the reconcile worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
@@ -44,6 +48,78 @@ pub struct Config {
     pub purge_interval_seconds: f64,
     /// Operations deleted per purge statement.
     pub purge_batch_size: i64,
+    /// Bearer tokens, known by their SHA-256 only; none means authentication is off.
+    pub tokens: Vec<TokenSettings>,
+    /// The server's certificate chain, PEM; with `tls_key_file` it turns TLS on.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The server's private key, PEM.
+    pub tls_key_file: Option<PathBuf>,
+    /// CAs for client certificates, PEM; set, it requires mutual TLS.
+    pub tls_client_ca_file: Option<PathBuf>,
+    /// Largest request message the server decodes, in bytes.
+    pub max_message_bytes: usize,
+    /// Largest `payload_json`, in bytes.
+    pub max_payload_bytes: usize,
+    /// Largest `result_json` (a holder's or a reviewer's), in bytes.
+    pub max_result_bytes: usize,
+    /// Deepest JSON nesting in payloads and results.
+    pub max_json_depth: usize,
+    /// Largest page of `ListOperations` and `ListOperationsForReview`.
+    pub max_page_size: u32,
+}
+
+/// One bearer token: `[[tokens]]` in the configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSettings {
+    /// Who holds it (1-200 characters); a reviewer's name in the history.
+    pub name: String,
+    /// SHA-256 of the token, 64 hexadecimal characters; the token itself is never configured.
+    pub sha256: String,
+    /// Namespaces it may touch, or `["*"]` for all.
+    pub namespaces: Vec<String>,
+    /// Its roles: `client`, `reviewer`, `admin`.
+    pub roles: Vec<Role>,
+}
+
+impl TokenSettings {
+    /// The digest and principal this entry describes.
+    ///
+    /// Errors: an invalid field, described without quoting the digest.
+    fn principal(&self) -> Result<(TokenDigest, Principal), String> {
+        let chars = self.name.chars().count();
+        if chars == 0 || chars > 200 || self.name.chars().any(char::is_control) {
+            return Err("name: must be 1 to 200 characters without control characters".into());
+        }
+        let digest = TokenDigest::parse_hex(&self.sha256).map_err(|e| format!("sha256: {e}"))?;
+        let namespaces = match self.namespaces.as_slice() {
+            [] => return Err("namespaces: must name at least one namespace, or \"*\"".into()),
+            [all] if all == "*" => NamespaceScope::Any,
+            names => {
+                let mut scope = std::collections::BTreeSet::new();
+                for name in names {
+                    if name.is_empty() || name == "*" || Namespace::parse(name).is_err() {
+                        return Err(
+                            "namespaces: each must be a namespace name, or \"*\" alone".into()
+                        );
+                    }
+                    scope.insert(name.clone());
+                }
+                NamespaceScope::Only(scope)
+            }
+        };
+        if self.roles.is_empty() {
+            return Err("roles: must name at least one of client, reviewer, admin".into());
+        }
+        Ok((
+            digest,
+            Principal {
+                name: self.name.clone(),
+                namespaces,
+                roles: self.roles.iter().copied().collect(),
+            },
+        ))
+    }
 }
 
 /// Log output format.
@@ -58,6 +134,7 @@ pub enum LogFormat {
 
 impl Default for Config {
     fn default() -> Self {
+        let limits = RequestLimits::default();
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             database_url: "postgres://postgres@127.0.0.1:5432/opjournal".to_owned(),
@@ -74,9 +151,25 @@ impl Default for Config {
             reconciler_health_listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
             purge_interval_seconds: 300.0,
             purge_batch_size: 1000,
+            tokens: Vec::new(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_client_ca_file: None,
+            max_message_bytes: crate::api::DEFAULT_MAX_MESSAGE_BYTES,
+            max_payload_bytes: limits.max_payload_bytes,
+            max_result_bytes: limits.max_result_bytes,
+            max_json_depth: limits.max_json_depth,
+            max_page_size: limits.max_page_size,
         }
     }
 }
+
+/// Deepest `max_json_depth` accepted: the JSON parser recurses once per level.
+pub const MAX_JSON_DEPTH: usize = 128;
+/// Largest `max_page_size` accepted.
+pub const MAX_PAGE_SIZE: u32 = 1000;
+/// Room `max_message_bytes` must leave beyond the largest JSON field, in bytes.
+pub const MESSAGE_HEADROOM_BYTES: usize = 16 * 1024;
 
 /// A configuration that cannot be used; the message names the setting.
 #[derive(Debug, thiserror::Error)]
@@ -142,7 +235,82 @@ impl Config {
         if self.database_url.is_empty() {
             return Err(ConfigError("database_url: must be set".into()));
         }
+        self.validate_limits()?;
+        self.validate_tls()?;
+        self.token_registry()?;
         Ok(())
+    }
+
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        if self.max_payload_bytes == 0 || self.max_result_bytes == 0 {
+            return Err(ConfigError(
+                "max_payload_bytes, max_result_bytes: must be at least 1".into(),
+            ));
+        }
+        if !(1..=MAX_JSON_DEPTH).contains(&self.max_json_depth) {
+            return Err(ConfigError(format!(
+                "max_json_depth: must be 1 to {MAX_JSON_DEPTH}"
+            )));
+        }
+        if !(1..=MAX_PAGE_SIZE).contains(&self.max_page_size) {
+            return Err(ConfigError(format!(
+                "max_page_size: must be 1 to {MAX_PAGE_SIZE}"
+            )));
+        }
+        let needed = self.max_payload_bytes.max(self.max_result_bytes) + MESSAGE_HEADROOM_BYTES;
+        if self.max_message_bytes < needed {
+            return Err(ConfigError(format!(
+                "max_message_bytes: must be at least {needed} (the larger of max_payload_bytes \
+                 and max_result_bytes plus {MESSAGE_HEADROOM_BYTES} for the other fields)"
+            )));
+        }
+        Ok(())
+    }
+
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), Some(_)) => Ok(()),
+            (None, None) if self.tls_client_ca_file.is_some() => Err(ConfigError(
+                "tls_client_ca_file: needs tls_cert_file and tls_key_file (mutual TLS is TLS)"
+                    .into(),
+            )),
+            (None, None) => Ok(()),
+            (Some(_), None) => Err(ConfigError(
+                "tls_key_file: must be set with tls_cert_file".into(),
+            )),
+            (None, Some(_)) => Err(ConfigError(
+                "tls_cert_file: must be set with tls_key_file".into(),
+            )),
+        }
+    }
+
+    /// The configured tokens; empty when authentication is off.
+    ///
+    /// Errors: an invalid entry (named by its position and field) or two entries with one
+    /// digest or name.
+    pub fn token_registry(&self) -> Result<TokenRegistry, ConfigError> {
+        let entries = self
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, token)| {
+                token
+                    .principal()
+                    .map_err(|e| ConfigError(format!("tokens[{i}].{e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        TokenRegistry::new(entries).map_err(|e| ConfigError(format!("tokens: {e}")))
+    }
+
+    /// The request limits of the journal and the review path.
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_payload_bytes: self.max_payload_bytes,
+            max_result_bytes: self.max_result_bytes,
+            max_json_depth: self.max_json_depth,
+            max_page_size: self.max_page_size,
+            ..RequestLimits::default()
+        }
     }
 
     /// Seconds as a duration.

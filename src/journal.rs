@@ -23,7 +23,7 @@ use crate::domain::model::{
 use crate::domain::policy::{ActionPolicy, AdapterConfig, DuplicateIntentMode, Policy};
 use crate::store::{JournalStore, ListQuery, NewOperation, Settlement};
 
-/// Size limits on request fields, in bytes.
+/// Limits on request fields (sizes in bytes), set from the configuration.
 #[derive(Debug, Clone)]
 pub struct RequestLimits {
     /// Largest `payload_json`, in bytes.
@@ -34,6 +34,8 @@ pub struct RequestLimits {
     pub max_json_depth: usize,
     /// Most entries in `references`.
     pub max_references: usize,
+    /// Largest page of `ListOperations` and `ListOperationsForReview`.
+    pub max_page_size: u32,
 }
 
 impl Default for RequestLimits {
@@ -43,13 +45,14 @@ impl Default for RequestLimits {
             max_result_bytes: 64 * 1024,
             max_json_depth: 32,
             max_references: 16,
+            max_page_size: 500,
         }
     }
 }
 
-/// Default and largest page of `ListOperations`.
+/// Page of `ListOperations` when the request asks for none (or `max_page_size`, if smaller).
 pub const DEFAULT_PAGE_SIZE: i64 = 50;
-/// Largest page of `ListOperations`.
+/// Largest page of `ListOperations` unless configured otherwise (`max_page_size`).
 pub const MAX_PAGE_SIZE: i64 = 500;
 const MAX_CLAIM_ROUNDS: usize = 4;
 
@@ -140,6 +143,11 @@ impl Journal {
     /// The action policy.
     pub fn policy(&self) -> &Arc<Policy> {
         &self.policy
+    }
+
+    /// The request limits.
+    pub fn limits(&self) -> &RequestLimits {
+        &self.limits
     }
 
     /// Validates raw Begin fields and computes the request hash (RFC 8785 canonical form of
@@ -482,7 +490,7 @@ impl Journal {
     }
 
     /// Lists operations newest first; returns the page and the next page token (empty at the
-    /// end). `page_size` 0 means 50; the largest page is 500.
+    /// end). `page_size` 0 means 50; the largest page is `max_page_size` (500 by default).
     ///
     /// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN` for a token from other filters.
     pub async fn list(
@@ -499,7 +507,7 @@ impl Journal {
         } else {
             Some(ActionType::parse(action_type)?)
         };
-        let limit = page_limit(page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
+        let limit = self.limits.page_limit(page_size)?;
         let filters = format!(
             "{}|{}|{}",
             namespace,
@@ -532,6 +540,17 @@ impl Journal {
             String::new()
         };
         Ok((rows, next))
+    }
+}
+
+impl RequestLimits {
+    /// A page size of an operations list: 0 means [`DEFAULT_PAGE_SIZE`] (at most
+    /// `max_page_size`), larger than `max_page_size` means `max_page_size`.
+    ///
+    /// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_SIZE` for a negative size.
+    pub(crate) fn page_limit(&self, page_size: i32) -> Result<i64, JournalError> {
+        let max = i64::from(self.max_page_size.max(1));
+        page_limit(page_size, DEFAULT_PAGE_SIZE.min(max), max)
     }
 }
 

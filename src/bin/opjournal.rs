@@ -78,7 +78,9 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         Command::CheckConfig(flags) => {
             let config = Config::load(flags.config.as_ref(), &flags)?;
+            app::install_crypto_provider();
             app::build(&config)?;
+            app::serve_options(&config)?;
             println!("configuration and policy are valid");
             Ok(ExitCode::SUCCESS)
         }
@@ -89,7 +91,9 @@ async fn main() -> anyhow::Result<ExitCode> {
 async fn serve(flags: ServeFlags) -> anyhow::Result<()> {
     let config = Config::load(flags.common.config.as_ref(), &flags)?;
     app::init_tracing(config.log_format);
+    app::install_crypto_provider();
     let parts = app::build(&config)?;
+    let options = app::serve_options(&config)?;
     if config.migrate_on_start {
         app::prepare_database(&config.database_url, &parts.store)
             .await
@@ -101,11 +105,8 @@ async fn serve(flags: ServeFlags) -> anyhow::Result<()> {
     let address = listener.local_addr()?;
     tracing::info!(%address, "opjournal serving gRPC");
     println!("opjournal listening on {address}");
+    app::log_security(&config, &options);
     let shutdown = app::shutdown_on_signals();
-    let options = api::ServeOptions {
-        readiness_interval: Config::seconds(config.readiness_interval_seconds),
-        drain_delay: Config::seconds(config.drain_delay_seconds),
-    };
     api::serve(parts.journal, parts.reconciler, listener, options, shutdown).await?;
     parts.store.pool().close().await;
     tracing::info!("stopped");

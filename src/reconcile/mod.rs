@@ -31,7 +31,7 @@ use crate::domain::model::{
     Attribution, ExternalId, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
 };
 use crate::domain::policy::{ActionPolicy, OnUnresolved, Policy};
-use crate::journal::{PageToken, page_limit};
+use crate::journal::{PageToken, RequestLimits, page_limit};
 use crate::store::{JournalStore, Resolution};
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
 
@@ -90,6 +90,7 @@ pub struct Reconciler {
     adapters: AdapterSet,
     actor: String,
     lookup_hold: Duration,
+    limits: RequestLimits,
 }
 
 impl Reconciler {
@@ -108,7 +109,14 @@ impl Reconciler {
             adapters,
             actor: actor.into(),
             lookup_hold,
+            limits: RequestLimits::default(),
         }
+    }
+
+    /// The same reconciler applying `limits` to reviewers' results and review pages.
+    pub fn with_limits(mut self, limits: RequestLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The store behind the reconciler.
@@ -291,7 +299,7 @@ impl Reconciler {
         let namespace = Namespace::parse(namespace)?;
         let key = OperationKey::parse(operation_key)?;
         let attribution = review::attribution(reviewer, reason)?;
-        let resolution = review::resolution(decision)?;
+        let resolution = review::resolution(decision, &self.limits)?;
         if expected_attempt < 1 {
             return Err(JournalError::invalid(
                 "INVALID_EXPECTED_ATTEMPT",
@@ -340,7 +348,7 @@ impl Reconciler {
         page_token: &str,
     ) -> Result<(Vec<OperationRecord>, String), JournalError> {
         let namespace = Namespace::parse(namespace)?;
-        let limit = page_limit(page_size, 50, 500)?;
+        let limit = self.limits.page_limit(page_size)?;
         let filters = format!("review|{namespace}");
         let after = if page_token.is_empty() {
             None

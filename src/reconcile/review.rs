@@ -3,12 +3,10 @@
 use crate::domain::canonical::{self, Limits};
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::model::{ActorKind, Attribution, ErrorCode, ExternalId};
+use crate::journal::RequestLimits;
 use crate::store::Resolution;
 
 use super::ReviewDecision;
-
-/// Largest reviewer result, in bytes.
-const MAX_RESULT_BYTES: usize = 64 * 1024;
 
 /// Who decided and why: reviewer 1-200 characters, reason 1-500, no control characters.
 pub(super) fn attribution(reviewer: &str, reason: &str) -> Result<Attribution, JournalError> {
@@ -35,8 +33,12 @@ pub(super) fn attribution(reviewer: &str, reason: &str) -> Result<Attribution, J
     })
 }
 
-/// The resolution a decision asks for, with its fields validated like a holder's report.
-pub(super) fn resolution(decision: ReviewDecision) -> Result<Resolution, JournalError> {
+/// The resolution a decision asks for, with its fields validated like a holder's report
+/// (within the same result size and depth limits).
+pub(super) fn resolution(
+    decision: ReviewDecision,
+    request_limits: &RequestLimits,
+) -> Result<Resolution, JournalError> {
     Ok(match decision {
         ReviewDecision::Succeeded {
             external_id,
@@ -48,8 +50,8 @@ pub(super) fn resolution(decision: ReviewDecision) -> Result<Resolution, Journal
                 None
             } else {
                 let limits = Limits {
-                    max_bytes: MAX_RESULT_BYTES,
-                    ..Limits::default()
+                    max_bytes: request_limits.max_result_bytes,
+                    max_depth: request_limits.max_json_depth,
                 };
                 let value = canonical::parse_strict(&result_json, &limits).map_err(|e| {
                     JournalError::invalid_json("succeeded.result_json", "INVALID_RESULT", &e)
