@@ -1,7 +1,11 @@
 //! Flags of the operator commands (`list`, `show`, `review`, `reconcile`, `resolve`).
 
+use std::path::PathBuf;
+
 use clap::ArgGroup;
 use tonic::transport::Uri;
+
+use super::client::ClientOptions;
 
 use crate::domain::model::Status;
 use crate::proto;
@@ -26,6 +30,17 @@ pub enum OpsCommand {
     Resolve(ResolveArgs),
 }
 
+impl CommonArgs {
+    /// How to connect: TLS files and token.
+    pub fn client_options(&self) -> ClientOptions {
+        ClientOptions {
+            ca_file: self.ca_file.clone(),
+            identity: self.cert_file.clone().zip(self.key_file.clone()),
+            token: self.token.clone(),
+        }
+    }
+}
+
 impl OpsCommand {
     /// The flags every operator command has.
     pub fn common(&self) -> &CommonArgs {
@@ -39,12 +54,26 @@ impl OpsCommand {
     }
 }
 
-/// Where the server is, which namespace, and how to print.
+/// Where the server is, how to reach it, which namespace, and how to print.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CommonArgs {
-    /// The opjournal gRPC server (plaintext `http://host:port`).
+    /// The opjournal gRPC server: `http://host:port`, or `https://host:port` for TLS.
     #[arg(long, env = "OPJOURNAL_SERVER", default_value = DEFAULT_SERVER, value_parser = parse_server)]
     pub server: Uri,
+    /// With https: the CA certificate (PEM) that signed the server's certificate
+    /// [default: the system's trusted roots].
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// With https: a client certificate (PEM) for mutual TLS; needs --key-file.
+    #[arg(long, value_name = "FILE", requires = "key_file")]
+    pub cert_file: Option<PathBuf>,
+    /// With https: the client certificate's private key (PEM); needs --cert-file.
+    #[arg(long, value_name = "FILE", requires = "cert_file")]
+    pub key_file: Option<PathBuf>,
+    /// Bearer token for a server that requires one (prefer OPJOURNAL_TOKEN: flags show up in
+    /// process lists).
+    #[arg(long, env = "OPJOURNAL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// Tenant namespace [default: the server's `default`].
     #[arg(long, default_value = "", hide_default_value = true)]
     pub namespace: String,
@@ -201,14 +230,14 @@ impl From<StatusFilter> for Status {
     }
 }
 
-/// Parses `--server`: an absolute `http://` URL (the server speaks plaintext gRPC).
+/// Parses `--server`: an absolute `http://` (plaintext) or `https://` (TLS) URL.
 fn parse_server(value: &str) -> Result<Uri, String> {
     let uri: Uri = value
         .parse()
-        .map_err(|e| format!("not a URL ({e}); expected http://host:port"))?;
+        .map_err(|e| format!("not a URL ({e}); expected http://host:port or https://host:port"))?;
     match (uri.scheme_str(), uri.authority()) {
-        (Some("http"), Some(_)) => Ok(uri),
-        _ => Err("expected http://host:port".to_owned()),
+        (Some("http" | "https"), Some(_)) => Ok(uri),
+        _ => Err("expected http://host:port or https://host:port".to_owned()),
     }
 }
 
@@ -217,10 +246,11 @@ mod tests {
     use super::parse_server;
 
     #[test]
-    fn a_server_must_be_an_http_url_with_a_host() {
+    fn a_server_must_be_an_http_or_https_url_with_a_host() {
         assert!(parse_server("http://127.0.0.1:50051").is_ok());
+        assert!(parse_server("https://journal.example:443").is_ok());
         assert!(parse_server("127.0.0.1:50051").is_err());
-        assert!(parse_server("https://journal.example:443").is_err());
+        assert!(parse_server("ftp://journal.example").is_err());
         assert!(parse_server("/relative").is_err());
     }
 }

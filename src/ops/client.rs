@@ -1,12 +1,16 @@
 //! The gRPC calls behind the operator commands, with pagination followed to the end or to
 //! the operator's limit.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tonic::Status;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use crate::api::auth::BearerToken;
 use crate::api::convert::status_to_proto;
+use crate::api::tls;
 use crate::domain::model::Status as OperationStatus;
 use crate::proto;
 use crate::proto::operation_journal_client::OperationJournalClient;
@@ -43,24 +47,75 @@ pub struct Reconciled {
     pub action: i32,
 }
 
+/// How the operator commands reach a server beyond its URL.
+#[derive(Debug, Clone, Default)]
+pub struct ClientOptions {
+    /// With `https://`: the CA (PEM) to trust; `None` trusts the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// With `https://`: a client certificate and its key (PEM files) for mutual TLS.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// A bearer token sent with every call.
+    pub token: Option<String>,
+}
+
+type Authorized = InterceptedService<Channel, BearerToken>;
+
 /// A client of both services on one channel.
 #[derive(Debug, Clone)]
 pub struct OpsClient {
-    journal: OperationJournalClient<Channel>,
-    reconciler: ReconcilerClient<Channel>,
+    journal: OperationJournalClient<Authorized>,
+    reconciler: ReconcilerClient<Authorized>,
 }
 
 impl OpsClient {
-    /// A client of the server at `server`. The connection is made by the first call, so an
-    /// unreachable server shows up as that call's `UNAVAILABLE`.
+    /// A plaintext client of the server at `server`, without a token. The connection is
+    /// made by the first call, so an unreachable server shows up as that call's
+    /// `UNAVAILABLE`.
     pub fn new(server: Uri) -> Self {
-        let channel = Endpoint::from(server)
+        Self::over(Self::endpoint(server).connect_lazy(), BearerToken::none())
+    }
+
+    /// A client of the server at `server` (`https://` for TLS) with `options`. Like
+    /// [`OpsClient::new`], it connects on the first call.
+    ///
+    /// Errors: `INVALID_ARGUMENT` for TLS files with an `http://` server, an unusable
+    /// certificate file (named by its flag), or a token a header cannot carry.
+    pub fn connect(server: Uri, options: &ClientOptions) -> Result<Self, Status> {
+        let https = server.scheme_str() == Some("https");
+        let token = match &options.token {
+            Some(token) => BearerToken::new(token)
+                .map_err(|e| Status::invalid_argument(format!("--token: {e}")))?,
+            None => BearerToken::none(),
+        };
+        let mut endpoint = Self::endpoint(server);
+        if https {
+            let identity = options
+                .identity
+                .as_ref()
+                .map(|(cert, key)| (cert.as_path(), key.as_path()));
+            let config = tls::client_config(options.ca_file.as_deref(), identity)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|e| Status::invalid_argument(format!("TLS: {e}")))?;
+        } else if options.ca_file.is_some() || options.identity.is_some() {
+            return Err(Status::invalid_argument(
+                "--ca-file, --cert-file and --key-file need an https:// server",
+            ));
+        }
+        Ok(Self::over(endpoint.connect_lazy(), token))
+    }
+
+    fn endpoint(server: Uri) -> Endpoint {
+        Endpoint::from(server)
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(CALL_TIMEOUT)
-            .connect_lazy();
+    }
+
+    fn over(channel: Channel, token: BearerToken) -> Self {
         Self {
-            journal: OperationJournalClient::new(channel.clone()),
-            reconciler: ReconcilerClient::new(channel),
+            journal: OperationJournalClient::with_interceptor(channel.clone(), token.clone()),
+            reconciler: ReconcilerClient::with_interceptor(channel, token),
         }
     }
 

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 
 pub use args::OpsCommand;
-pub use client::{ListFilter, OpsClient};
+pub use client::{ClientOptions, ListFilter, OpsClient};
 pub use error::ErrorReport;
 use rows::{EventRow, OperationDetail, OperationRow, ReconcileRow};
 
@@ -118,14 +118,18 @@ pub async fn execute(
     })
 }
 
-/// Runs `command` against `--server` and prints the result on stdout (text, or one JSON
-/// document with `--json`). A failure is printed on stderr as
+/// Runs `command` against `--server` (with its TLS files and token) and prints the result
+/// on stdout (text, or one JSON document with `--json`). A failure is printed on stderr as
 /// `error: <CODE> <REASON>: <message>` (and, with `--json`, as `{"error": {...}}` on
 /// stdout). Returns the exit code: 0, [`error::EXIT_REFUSED`] or [`error::EXIT_FAILED`].
 pub async fn run(command: OpsCommand) -> ExitCode {
-    let json = command.common().json;
-    let mut client = OpsClient::new(command.common().server.clone());
-    let (document, code) = match execute(&mut client, &command).await {
+    let common = command.common();
+    let json = common.json;
+    let result = match OpsClient::connect(common.server.clone(), &common.client_options()) {
+        Ok(mut client) => execute(&mut client, &command).await,
+        Err(status) => Err(status),
+    };
+    let (document, code) = match result {
         Ok(output) if json => (output.json().map(line), ExitCode::SUCCESS),
         Ok(output) => {
             let mut text = output.text();
