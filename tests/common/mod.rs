@@ -3,11 +3,14 @@
 
 #![allow(dead_code, clippy::unwrap_used, missing_docs)]
 
+pub mod seven_steps;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use opjournal::api::{self, ServeOptions};
+use opjournal::api::auth::BearerToken;
+use opjournal::api::{self, Authenticator, ServeOptions};
 use opjournal::app::{self, Components};
 use opjournal::domain::policy::Policy;
 use opjournal::proto::operation_journal_client::OperationJournalClient;
@@ -18,13 +21,30 @@ use opjournal::sandbox::{self, KeyCounts, Sandbox, SandboxConfig};
 use opjournal::store::PgStore;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, ClientTlsConfig, ServerTlsConfig};
 use tonic_types::StatusExt as _;
 
 pub const PAYMENT_KEY: &str = "payment:order-817:intent-01";
 
+/// How a test server is secured, and how the harness's own clients reach it.
+#[derive(Clone, Default)]
+pub struct Security {
+    /// Bearer tokens; disabled by default.
+    pub auth: Authenticator,
+    /// The server's TLS; plaintext when `None`.
+    pub tls: Option<ServerTlsConfig>,
+    /// The TLS of `TestApp::journal` and `TestApp::reconciler`; `https://` when set.
+    pub client_tls: Option<ClientTlsConfig>,
+}
+
+/// A client that sends a bearer token.
+pub type Authorized = InterceptedService<Channel, BearerToken>;
+
 pub struct TestApp {
     pub addr: SocketAddr,
+    /// The harness's channel (TLS when the app was spawned with `client_tls`), no token.
+    pub channel: Channel,
     pub journal: OperationJournalClient<Channel>,
     pub reconciler: ReconcilerClient<Channel>,
     pub parts: Components,
@@ -108,6 +128,21 @@ impl TestApp {
     }
 
     pub async fn spawn_with(pool: PgPool, sandbox_config: SandboxConfig, grace: u32) -> Self {
+        Self::spawn_full(pool, sandbox_config, grace, Security::default()).await
+    }
+
+    /// The app with bearer tokens and/or TLS.
+    pub async fn spawn_secured(pool: PgPool, security: Security) -> Self {
+        Self::spawn_full(pool, SandboxConfig::default(), 0, security).await
+    }
+
+    pub async fn spawn_full(
+        pool: PgPool,
+        sandbox_config: SandboxConfig,
+        grace: u32,
+        security: Security,
+    ) -> Self {
+        app::install_crypto_provider();
         let (sandbox_url, sandbox) = sandbox::spawn(sandbox_config).await.unwrap();
         let policy_yaml = policy_yaml(&sandbox_url, grace);
         let policy = Arc::new(Policy::parse(&policy_yaml, "test-policy.yaml").unwrap());
@@ -123,16 +158,29 @@ impl TestApp {
             ServeOptions {
                 readiness_interval: Duration::from_millis(200),
                 drain_delay: Duration::ZERO,
+                auth: security.auth,
+                tls: security.tls,
+                ..ServeOptions::default()
             },
             shutdown.clone(),
         ));
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let channel = match security.client_tls {
+            None => Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+            Some(tls) => Channel::from_shared(format!("https://{addr}"))
+                .unwrap()
+                .tls_config(tls)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        };
         Self {
             addr,
+            channel: channel.clone(),
             journal: OperationJournalClient::new(channel.clone()),
             reconciler: ReconcilerClient::new(channel),
             parts,
@@ -142,6 +190,19 @@ impl TestApp {
             policy_yaml,
             shutdown,
         }
+    }
+
+    /// A journal client on the harness's channel that sends `token`.
+    pub fn journal_as(&self, token: &str) -> OperationJournalClient<Authorized> {
+        OperationJournalClient::with_interceptor(
+            self.channel.clone(),
+            BearerToken::new(token).unwrap(),
+        )
+    }
+
+    /// A reconciler client on the harness's channel that sends `token`.
+    pub fn reconciler_as(&self, token: &str) -> ReconcilerClient<Authorized> {
+        ReconcilerClient::with_interceptor(self.channel.clone(), BearerToken::new(token).unwrap())
     }
 
     /// A connection URL for this test's database, for child processes.
