@@ -33,7 +33,7 @@ impl ErrorReport {
         Self {
             code: status.code(),
             reason: status.get_details_error_info().map(|info| info.reason),
-            message: status.message().to_owned(),
+            message: message_with_causes(status),
         }
     }
 
@@ -60,6 +60,22 @@ impl ErrorReport {
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(exit_status(self.code))
     }
+}
+
+/// The status message followed by the causes of a client-side failure (a refused TLS
+/// handshake, a reset connection), each said once.
+fn message_with_causes(status: &tonic::Status) -> String {
+    let mut message = status.message().to_owned();
+    let mut cause = std::error::Error::source(status);
+    while let Some(error) = cause {
+        let text = error.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = error.source();
+    }
+    message
 }
 
 /// `EXIT_REFUSED` for the codes that describe the request or the operation's state,
