@@ -1,0 +1,383 @@
+//! TLS and mutual TLS: the seven-step check over both, clients refused without the CA or
+//! without a client certificate, and the shipped binaries (server and operator console)
+//! configured with certificate files and bearer tokens. Certificates are made per test.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::seven_steps::run_with_reconcile_operation;
+use common::*;
+use opjournal::api::tls::{self, ServerTlsFiles};
+use opjournal::proto::GetOperationRequest;
+use opjournal::proto::operation_journal_client::OperationJournalClient;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use sha2::Digest as _;
+use sqlx::PgPool;
+use tempfile::TempDir;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tonic::transport::{Channel, ClientTlsConfig};
+
+/// A throwaway PKI: a CA, a server certificate for 127.0.0.1 and localhost, a client
+/// certificate, and a second CA with its own client certificate that the server must not
+/// trust.
+struct Pki {
+    dir: TempDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Self { dir };
+        let ca = pki.ca("opjournal test CA", "ca");
+        pki.leaf(
+            &ca,
+            "server",
+            &["localhost", "127.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        pki.leaf(&ca, "client", &[], ExtendedKeyUsagePurpose::ClientAuth);
+        let other = pki.ca("another CA", "other-ca");
+        pki.leaf(
+            &other,
+            "other-client",
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        pki
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn ca(&self, common_name: &str, file: &str) -> Issuer<'static, KeyPair> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        std::fs::write(self.path(&format!("{file}.pem")), cert.pem()).unwrap();
+        Issuer::new(params, key)
+    }
+
+    fn leaf(
+        &self,
+        issuer: &Issuer<'static, KeyPair>,
+        file: &str,
+        names: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.distinguished_name.push(DnType::CommonName, file);
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, issuer).unwrap();
+        std::fs::write(self.path(&format!("{file}.pem")), cert.pem()).unwrap();
+        std::fs::write(self.path(&format!("{file}-key.pem")), key.serialize_pem()).unwrap();
+    }
+
+    fn server_files(&self, mutual: bool) -> ServerTlsFiles {
+        ServerTlsFiles {
+            cert_file: self.path("server.pem"),
+            key_file: self.path("server-key.pem"),
+            client_ca_file: mutual.then(|| self.path("ca.pem")),
+        }
+    }
+
+    /// A client that trusts `ca` and presents `identity` (a certificate file's stem).
+    fn client(&self, ca: &str, identity: Option<&str>) -> ClientTlsConfig {
+        let cert = identity.map(|stem| self.path(&format!("{stem}.pem")));
+        let key = identity.map(|stem| self.path(&format!("{stem}-key.pem")));
+        tls::client_config(
+            Some(&self.path(&format!("{ca}.pem"))),
+            cert.as_deref().zip(key.as_deref()),
+        )
+        .unwrap()
+    }
+}
+
+async fn spawn_tls(pool: PgPool, pki: &Pki, mutual: bool) -> TestApp {
+    let identity = mutual.then_some("client");
+    TestApp::spawn_secured(
+        pool,
+        Security {
+            tls: Some(tls::server_config(&pki.server_files(mutual)).unwrap()),
+            client_tls: Some(pki.client("ca", identity)),
+            ..Security::default()
+        },
+    )
+    .await
+}
+
+/// Connects to `url` (with `tls`, if any) and makes one call. Any failure counts: a TLS
+/// 1.3 server may refuse a client certificate only after the client finished its side of
+/// the handshake, so the refusal can surface at the first call rather than at connect.
+async fn call(url: String, tls: Option<ClientTlsConfig>) -> Result<(), String> {
+    let mut endpoint = Channel::from_shared(url).unwrap();
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls).map_err(|e| e.to_string())?;
+    }
+    let channel = tokio::time::timeout(Duration::from_secs(10), endpoint.connect())
+        .await
+        .map_err(|_| "connect timed out".to_owned())?
+        .map_err(|e| format!("connect: {e}"))?;
+    let answer = OperationJournalClient::new(channel)
+        .get_operation(GetOperationRequest {
+            namespace: String::new(),
+            operation_key: "anything".into(),
+        })
+        .await;
+    match answer {
+        // NOT_FOUND is an answer from the journal: the connection worked.
+        Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
+        Ok(_) => Ok(()),
+        Err(status) => Err(format!("call: {status:?}")),
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_seven_step_check_holds_over_tls(pool: PgPool) {
+    let pki = Pki::new();
+    let app = spawn_tls(pool, &pki, false).await;
+    run_with_reconcile_operation(&app).await;
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_seven_step_check_holds_over_mutual_tls(pool: PgPool) {
+    let pki = Pki::new();
+    let app = spawn_tls(pool, &pki, true).await;
+    run_with_reconcile_operation(&app).await;
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_client_without_the_ca_cannot_connect(pool: PgPool) {
+    let pki = Pki::new();
+    let app = spawn_tls(pool, &pki, false).await;
+    let url = format!("https://{}", app.addr);
+    call(url.clone(), Some(pki.client("ca", None)))
+        .await
+        .expect("a client with the CA connects");
+    // Trusting another CA only, or nothing at all (no roots), the handshake fails.
+    let refused = call(url.clone(), Some(pki.client("other-ca", None))).await;
+    assert!(refused.is_err(), "{refused:?}");
+    let refused = call(url, Some(ClientTlsConfig::new())).await;
+    assert!(refused.is_err(), "{refused:?}");
+    // Plaintext to the TLS port gets nowhere either.
+    let refused = call(format!("http://{}", app.addr), None).await;
+    assert!(refused.is_err(), "{refused:?}");
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn under_mutual_tls_a_client_without_a_trusted_certificate_cannot_connect(pool: PgPool) {
+    let pki = Pki::new();
+    let app = spawn_tls(pool, &pki, true).await;
+    let url = format!("https://{}", app.addr);
+    call(url.clone(), Some(pki.client("ca", Some("client"))))
+        .await
+        .expect("a client with a certificate from the CA connects");
+    let refused = call(url.clone(), Some(pki.client("ca", None))).await;
+    assert!(refused.is_err(), "no client certificate: {refused:?}");
+    let refused = call(url, Some(pki.client("ca", Some("other-client")))).await;
+    assert!(
+        refused.is_err(),
+        "a certificate from another CA: {refused:?}"
+    );
+}
+
+#[test]
+fn unusable_certificate_files_are_named_at_start() {
+    opjournal::app::install_crypto_provider();
+    let pki = Pki::new();
+    let mut files = pki.server_files(true);
+    files.key_file = pki.path("client-key.pem");
+    let error = tls::server_config(&files).unwrap_err().to_string();
+    assert!(error.starts_with("tls_key_file:"), "{error}");
+    let mut files = pki.server_files(false);
+    files.cert_file = pki.path("missing.pem");
+    let error = tls::server_config(&files).unwrap_err().to_string();
+    assert!(error.starts_with("tls_cert_file:"), "{error}");
+    let mut files = pki.server_files(true);
+    files.client_ca_file = Some(pki.path("server-key.pem"));
+    let error = tls::server_config(&files).unwrap_err().to_string();
+    assert!(error.starts_with("tls_client_ca_file:"), "{error}");
+}
+
+const OPERATOR_TOKEN: &str = "tok-ops.7d3a91c5e08f4b26";
+
+/// Runs `opjournal <args>` and returns (exit code, stdout, stderr).
+async fn opjournal(args: &[&str], token: Option<&str>) -> (i32, String, String) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"));
+    command
+        .args(args)
+        .env_remove("OPJOURNAL_SERVER")
+        .env_remove("OPJOURNAL_TOKEN");
+    if let Some(token) = token {
+        command.env("OPJOURNAL_TOKEN", token);
+    }
+    let output = command.output().await.unwrap();
+    (
+        output.status.code().unwrap(),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+fn write_config(dir: &Path, pki: &Pki) -> PathBuf {
+    let config = format!(
+        r#"
+tls_cert_file = "{}"
+tls_key_file = "{}"
+tls_client_ca_file = "{}"
+
+[[tokens]]
+name = "operator"
+sha256 = "{}"
+namespaces = ["*"]
+roles = ["admin"]
+"#,
+        pki.path("server.pem").display(),
+        pki.path("server-key.pem").display(),
+        pki.path("ca.pem").display(),
+        hex::encode(sha2::Sha256::digest(OPERATOR_TOKEN.as_bytes())),
+    );
+    let path = dir.join("opjournal.toml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_operator_console_reaches_the_server_binary_over_mutual_tls_with_a_token(pool: PgPool) {
+    let pki = Pki::new();
+    let app = TestApp::spawn(pool).await;
+    app.begin(PAYMENT_KEY, "create_payment", PAY_817)
+        .await
+        .unwrap();
+    let config = write_config(pki.dir.path(), &pki);
+    let config_arg = config.display().to_string();
+    let database_url = app.database_url();
+
+    let (code, stdout, stderr) = opjournal(&["check-config", "--config", &config_arg], None).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("valid"), "{stdout}");
+
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+        .args(["serve", "--config", &config_arg, "--listen", "127.0.0.1:0"])
+        .args(["--database-url", &database_url])
+        .env("RUST_LOG", "debug")
+        .env_remove("OPJOURNAL_TOKENS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Drained all along: a full pipe would block the server's logging.
+    let mut stderr_pipe = server.stderr.take().unwrap();
+    let log = tokio::spawn(async move {
+        let mut log = String::new();
+        stderr_pipe.read_to_string(&mut log).await.unwrap();
+        log
+    });
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the server printed its address")
+        .unwrap()
+        .unwrap();
+    assert!(line.contains("opjournal listening on"), "{line}");
+    let server_url = format!("https://{}", line.rsplit(' ').next().unwrap());
+
+    let ca = pki.path("ca.pem").display().to_string();
+    let cert = pki.path("client.pem").display().to_string();
+    let key = pki.path("client-key.pem").display().to_string();
+    let tls_args = [
+        "--server",
+        server_url.as_str(),
+        "--ca-file",
+        ca.as_str(),
+        "--cert-file",
+        cert.as_str(),
+        "--key-file",
+        key.as_str(),
+    ];
+    let show = |token| {
+        let mut args = vec!["show", PAYMENT_KEY, "--json"];
+        args.extend(tls_args);
+        async move { opjournal(&args, token).await }
+    };
+
+    // Certificate and token: the operation and its history.
+    let (code, stdout, stderr) = show(Some(OPERATOR_TOKEN)).await;
+    assert_eq!(code, 0, "{stderr}");
+    let document: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(document["operation"]["operation_key"], PAYMENT_KEY);
+    assert_eq!(document["operation"]["status"], "in_progress");
+
+    // Without the token: refused by the server, with the reason.
+    let (code, _, stderr) = show(None).await;
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("UNAUTHENTICATED MISSING_CREDENTIALS"),
+        "{stderr}"
+    );
+
+    // Without a client certificate: no connection at all (how it ends depends on when the
+    // server's alert arrives; it never reaches the journal).
+    let (code, stdout, stderr) = opjournal(
+        &[
+            "show",
+            PAYMENT_KEY,
+            "--server",
+            &server_url,
+            "--ca-file",
+            &ca,
+        ],
+        Some(OPERATOR_TOKEN),
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        stdout.is_empty() && stderr.starts_with("error: "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("MISSING_CREDENTIALS"), "{stderr}");
+
+    // TLS files with a plaintext URL are a usage mistake, named before any call.
+    let (code, _, stderr) = opjournal(
+        &[
+            "show",
+            PAYMENT_KEY,
+            "--server",
+            "http://127.0.0.1:1",
+            "--ca-file",
+            &ca,
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("need an https:// server"), "{stderr}");
+
+    server.start_kill().unwrap();
+    server.wait().await.unwrap();
+    let log = log.await.unwrap();
+    assert!(log.contains("bearer-token authentication on"), "{log}");
+    assert!(!log.contains(OPERATOR_TOKEN), "the token was logged");
+}
