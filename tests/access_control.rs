@@ -80,9 +80,9 @@ async fn spawn(pool: PgPool) -> TestApp {
     assert!(auth.is_enabled());
     TestApp::spawn_secured(
         pool,
-        Security {
+        SpawnOptions {
             auth,
-            ..Security::default()
+            ..SpawnOptions::default()
         },
     )
     .await

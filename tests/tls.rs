@@ -118,10 +118,10 @@ async fn spawn_tls(pool: PgPool, pki: &Pki, mutual: bool) -> TestApp {
     let identity = mutual.then_some("client");
     TestApp::spawn_secured(
         pool,
-        Security {
+        SpawnOptions {
             tls: Some(tls::server_config(&pki.server_files(mutual)).unwrap()),
             client_tls: Some(pki.client("ca", identity)),
-            ..Security::default()
+            ..SpawnOptions::default()
         },
     )
     .await

@@ -13,6 +13,7 @@ use opjournal::api::auth::BearerToken;
 use opjournal::api::{self, Authenticator, ServeOptions};
 use opjournal::app::{self, Components};
 use opjournal::domain::policy::Policy;
+use opjournal::journal::RequestLimits;
 use opjournal::proto::operation_journal_client::OperationJournalClient;
 use opjournal::proto::reconciler_client::ReconcilerClient;
 use opjournal::proto::{self, BeginOperationRequest, BeginOperationResponse, Decision};
@@ -27,15 +28,31 @@ use tonic_types::StatusExt as _;
 
 pub const PAYMENT_KEY: &str = "payment:order-817:intent-01";
 
-/// How a test server is secured, and how the harness's own clients reach it.
-#[derive(Clone, Default)]
-pub struct Security {
+/// How a test server is secured and limited, and how the harness's own clients reach it.
+#[derive(Clone)]
+pub struct SpawnOptions {
     /// Bearer tokens; disabled by default.
     pub auth: Authenticator,
     /// The server's TLS; plaintext when `None`.
     pub tls: Option<ServerTlsConfig>,
     /// The TLS of `TestApp::journal` and `TestApp::reconciler`; `https://` when set.
     pub client_tls: Option<ClientTlsConfig>,
+    /// Payload, result, depth and page limits.
+    pub limits: RequestLimits,
+    /// Largest request message the server decodes.
+    pub max_message_bytes: usize,
+}
+
+impl Default for SpawnOptions {
+    fn default() -> Self {
+        Self {
+            auth: Authenticator::disabled(),
+            tls: None,
+            client_tls: None,
+            limits: RequestLimits::default(),
+            max_message_bytes: ServeOptions::default().max_message_bytes,
+        }
+    }
 }
 
 /// A client that sends a bearer token.
@@ -128,26 +145,31 @@ impl TestApp {
     }
 
     pub async fn spawn_with(pool: PgPool, sandbox_config: SandboxConfig, grace: u32) -> Self {
-        Self::spawn_full(pool, sandbox_config, grace, Security::default()).await
+        Self::spawn_full(pool, sandbox_config, grace, SpawnOptions::default()).await
     }
 
-    /// The app with bearer tokens and/or TLS.
-    pub async fn spawn_secured(pool: PgPool, security: Security) -> Self {
-        Self::spawn_full(pool, SandboxConfig::default(), 0, security).await
+    /// The app with bearer tokens, TLS or other limits.
+    pub async fn spawn_secured(pool: PgPool, options: SpawnOptions) -> Self {
+        Self::spawn_full(pool, SandboxConfig::default(), 0, options).await
     }
 
     pub async fn spawn_full(
         pool: PgPool,
         sandbox_config: SandboxConfig,
         grace: u32,
-        security: Security,
+        options: SpawnOptions,
     ) -> Self {
         app::install_crypto_provider();
         let (sandbox_url, sandbox) = sandbox::spawn(sandbox_config).await.unwrap();
         let policy_yaml = policy_yaml(&sandbox_url, grace);
         let policy = Arc::new(Policy::parse(&policy_yaml, "test-policy.yaml").unwrap());
         let adapters = AdapterSet::from_policy(&policy).unwrap();
-        let parts = app::components(PgStore::new(pool.clone()), policy, adapters);
+        let parts = app::components_with_limits(
+            PgStore::new(pool.clone()),
+            policy,
+            adapters,
+            options.limits.clone(),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
@@ -158,13 +180,13 @@ impl TestApp {
             ServeOptions {
                 readiness_interval: Duration::from_millis(200),
                 drain_delay: Duration::ZERO,
-                auth: security.auth,
-                tls: security.tls,
-                ..ServeOptions::default()
+                auth: options.auth,
+                tls: options.tls,
+                max_message_bytes: options.max_message_bytes,
             },
             shutdown.clone(),
         ));
-        let channel = match security.client_tls {
+        let channel = match options.client_tls {
             None => Channel::from_shared(format!("http://{addr}"))
                 .unwrap()
                 .connect()
