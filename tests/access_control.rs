@@ -31,38 +31,34 @@ fn sha256(token: &str) -> String {
 
 /// The tokens as an operator writes them: a TOML file with digests only.
 fn tokens_toml() -> String {
-    let entry = |name: &str, token: &str, namespaces: &str, roles: &str| {
-        format!(
-            "[[tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\nnamespaces = {namespaces}\nroles = {roles}\n\n",
-            sha256(token)
-        )
-    };
+    let client = r#"["client"]"#;
+    let reviewer = r#"["reviewer"]"#;
     [
         entry(
             "orchestrator-a",
-            TOKEN_A,
+            &sha256(TOKEN_A),
             r#"["tenant-a"]"#,
-            r#"["client"]"#,
+            client,
         ),
         entry(
             "orchestrator-b",
-            TOKEN_B,
+            &sha256(TOKEN_B),
             r#"["tenant-b"]"#,
-            r#"["client"]"#,
+            client,
         ),
         entry(
             "reviewer-a",
-            TOKEN_REVIEWER_A,
+            &sha256(TOKEN_REVIEWER_A),
             r#"["tenant-a"]"#,
-            r#"["reviewer"]"#,
+            reviewer,
         ),
         entry(
             "reviewer-b",
-            TOKEN_REVIEWER_B,
+            &sha256(TOKEN_REVIEWER_B),
             r#"["tenant-b"]"#,
-            r#"["reviewer"]"#,
+            reviewer,
         ),
-        entry("ops", TOKEN_ADMIN, r#"["*"]"#, r#"["admin"]"#),
+        entry("ops", &sha256(TOKEN_ADMIN), r#"["*"]"#, r#"["admin"]"#),
     ]
     .concat()
 }
@@ -511,53 +507,40 @@ async fn health_and_reflection_need_no_token(pool: PgPool) {
     assert!(stream.message().await.unwrap().is_some());
 }
 
+/// One `[[tokens]]` entry; `namespaces` and `roles` are TOML arrays.
+fn entry(name: &str, digest: &str, namespaces: &str, roles: &str) -> String {
+    format!(
+        "[[tokens]]\nname = \"{name}\"\nsha256 = \"{digest}\"\nnamespaces = {namespaces}\nroles = {roles}\n\n"
+    )
+}
+
 #[test]
 fn token_entries_are_validated_naming_the_entry_and_field() {
     let digest = sha256(TOKEN_A);
+    let client = r#"["client"]"#;
+    let x = r#"["x"]"#;
     let cases = [
+        (entry("a", "abc", x, client), "tokens[0].sha256"),
+        (entry("a", &digest, "[]", client), "tokens[0].namespaces"),
         (
-            format!(
-                "[[tokens]]\nname = \"a\"\nsha256 = \"abc\"\nnamespaces = [\"x\"]\nroles = [\"client\"]\n"
-            ),
-            "tokens[0].sha256",
-        ),
-        (
-            format!(
-                "[[tokens]]\nname = \"a\"\nsha256 = \"{digest}\"\nnamespaces = []\nroles = [\"client\"]\n"
-            ),
+            entry("a", &digest, r#"["*", "x"]"#, client),
             "tokens[0].namespaces",
         ),
         (
-            format!(
-                "[[tokens]]\nname = \"a\"\nsha256 = \"{digest}\"\nnamespaces = [\"*\", \"x\"]\nroles = [\"client\"]\n"
-            ),
+            entry("a", &digest, r#"["bad/ns"]"#, client),
             "tokens[0].namespaces",
         ),
+        (entry("a", &digest, x, "[]"), "tokens[0].roles"),
+        (entry("", &digest, x, r#"["admin"]"#), "tokens[0].name"),
         (
-            format!(
-                "[[tokens]]\nname = \"a\"\nsha256 = \"{digest}\"\nnamespaces = [\"x\"]\nroles = []\n"
-            ),
-            "tokens[0].roles",
-        ),
-        (
-            format!(
-                "[[tokens]]\nname = \"\"\nsha256 = \"{digest}\"\nnamespaces = [\"x\"]\nroles = [\"admin\"]\n"
-            ),
-            "tokens[0].name",
-        ),
-        (
-            format!(
-                "[[tokens]]\nname = \"a\"\nsha256 = \"{digest}\"\nnamespaces = [\"x\"]\nroles = [\"client\"]\n\n[[tokens]]\nname = \"b\"\nsha256 = \"{}\"\nnamespaces = [\"x\"]\nroles = [\"client\"]\n",
-                digest.to_uppercase()
-            ),
+            entry("a", &digest, x, client) + &entry("b", &digest.to_uppercase(), x, client),
             "same sha256",
         ),
         (
-            format!(
-                "[[tokens]]\nname = \"a\"\nsha256 = \"{digest}\"\nnamespaces = [\"x\"]\nroles = [\"owner\"]\n"
-            ),
-            "owner",
+            entry("a", &digest, x, client) + &entry("a", &sha256(TOKEN_B), x, client),
+            "two tokens are named a",
         ),
+        (entry("a", &digest, x, r#"["owner"]"#), "owner"),
     ];
     for (toml, expected) in cases {
         let error = load(&toml).unwrap_err();

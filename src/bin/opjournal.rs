@@ -31,7 +31,7 @@ enum Command {
     /// pending, in-progress and unknown operations are never deleted.
     Purge(PurgeFlags),
     #[command(flatten)]
-    Ops(OpsCommand),
+    Ops(Box<OpsCommand>),
 }
 
 /// Flags of `opjournal purge`.
@@ -84,7 +84,7 @@ async fn main() -> anyhow::Result<ExitCode> {
             println!("configuration and policy are valid");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Ops(command) => Ok(ops::run(command).await),
+        Command::Ops(command) => Ok(ops::run(*command).await),
     }
 }
 
