@@ -332,7 +332,7 @@ async fn the_operator_console_reaches_the_server_binary_over_mutual_tls_with_a_t
 
     // Without the token: refused by the server, with the reason.
     let (code, _, stderr) = show(None).await;
-    assert_ne!(code, 0);
+    assert_eq!(code, 2);
     assert!(
         stderr.contains("UNAUTHENTICATED MISSING_CREDENTIALS"),
         "{stderr}"

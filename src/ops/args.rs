@@ -141,9 +141,10 @@ pub struct ReconcileArgs {
 pub struct ResolveArgs {
     /// The operation's idempotency key.
     pub key: String,
-    /// Who decides (1-200 characters).
+    /// Who decides (1-200 characters). Required unless the server requires tokens: there the
+    /// reviewer is the token's name, taken when this is left out.
     #[arg(long)]
-    pub reviewer: String,
+    pub reviewer: Option<String>,
     /// Why, kept in the history (1-500 characters, no personal data).
     #[arg(long)]
     pub reason: String,
@@ -195,7 +196,7 @@ impl ResolveArgs {
             namespace: self.common.namespace.clone(),
             operation_key: self.key.clone(),
             expected_attempt_count: self.expected_attempt,
-            reviewer: self.reviewer.clone(),
+            reviewer: self.reviewer.clone().unwrap_or_default(),
             reason: self.reason.clone(),
             resolution: Some(resolution),
         })

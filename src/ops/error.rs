@@ -7,9 +7,10 @@ use serde::Serialize;
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
-/// Exit code of a call the server refused because of the request or the operation's state
-/// (`INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `FAILED_PRECONDITION`, `ABORTED`);
-/// clap's usage errors use it too. Repeating the same command will not help.
+/// Exit code of a call the server refused because of the request, the operation's state or
+/// the caller's credentials (`INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`,
+/// `FAILED_PRECONDITION`, `ABORTED`, `UNAUTHENTICATED`, `PERMISSION_DENIED`); clap's usage
+/// errors use it too. Repeating the same command will not help.
 pub const EXIT_REFUSED: u8 = 2;
 /// Exit code of every other failure (server unreachable, unavailable, internal error).
 pub const EXIT_FAILED: u8 = 1;
@@ -78,27 +79,27 @@ fn message_with_causes(status: &tonic::Status) -> String {
     message
 }
 
-/// `EXIT_REFUSED` for the codes that describe the request or the operation's state,
-/// `EXIT_FAILED` otherwise.
+/// `EXIT_REFUSED` for the codes that describe the request, the operation's state or the
+/// credentials, `EXIT_FAILED` otherwise.
 pub fn exit_status(code: Code) -> u8 {
     match code {
         Code::InvalidArgument
         | Code::NotFound
         | Code::AlreadyExists
         | Code::FailedPrecondition
-        | Code::Aborted => EXIT_REFUSED,
+        | Code::Aborted
+        | Code::Unauthenticated
+        | Code::PermissionDenied => EXIT_REFUSED,
         Code::Ok
         | Code::Cancelled
         | Code::Unknown
         | Code::DeadlineExceeded
-        | Code::PermissionDenied
         | Code::ResourceExhausted
         | Code::OutOfRange
         | Code::Unimplemented
         | Code::Internal
         | Code::Unavailable
-        | Code::DataLoss
-        | Code::Unauthenticated => EXIT_FAILED,
+        | Code::DataLoss => EXIT_FAILED,
     }
 }
 
