@@ -74,7 +74,7 @@ async fn spawn(pool: PgPool) -> TestApp {
     let config = load(&tokens_toml()).unwrap();
     let auth = Authenticator::new(config.token_registry().unwrap());
     assert!(auth.is_enabled());
-    TestApp::spawn_secured(
+    TestApp::spawn_with_options(
         pool,
         SpawnOptions {
             auth,

@@ -28,7 +28,7 @@ max_message_bytes = 17408
 
 async fn spawn_small(pool: PgPool) -> TestApp {
     let config = load(SMALL_LIMITS).unwrap();
-    TestApp::spawn_secured(
+    TestApp::spawn_with_options(
         pool,
         SpawnOptions {
             limits: config.request_limits(),

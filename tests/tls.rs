@@ -116,7 +116,7 @@ impl Pki {
 
 async fn spawn_tls(pool: PgPool, pki: &Pki, mutual: bool) -> TestApp {
     let identity = mutual.then_some("client");
-    TestApp::spawn_secured(
+    TestApp::spawn_with_options(
         pool,
         SpawnOptions {
             tls: Some(tls::server_config(&pki.server_files(mutual)).unwrap()),

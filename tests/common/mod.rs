@@ -148,8 +148,8 @@ impl TestApp {
         Self::spawn_full(pool, sandbox_config, grace, SpawnOptions::default()).await
     }
 
-    /// The app with bearer tokens, TLS or other limits.
-    pub async fn spawn_secured(pool: PgPool, options: SpawnOptions) -> Self {
+    /// The app with bearer tokens, TLS or other request limits.
+    pub async fn spawn_with_options(pool: PgPool, options: SpawnOptions) -> Self {
         Self::spawn_full(pool, SandboxConfig::default(), 0, options).await
     }
 
