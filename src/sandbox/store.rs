@@ -24,7 +24,22 @@ pub(crate) struct Payment {
     pub idempotency_key: String,
     /// Creation time, RFC 3339 UTC.
     pub created_at: String,
+    /// The request body's other members, echoed back the way real providers echo metadata
+    /// and payment-method details (card numbers included, if a client sends them): the
+    /// journal must keep only what its policy keeps.
+    #[serde(flatten)]
+    pub echoed: serde_json::Map<String, Value>,
 }
+
+/// Members of a payment that the echo of the request never overrides.
+const PAYMENT_FIELDS: &[&str] = &[
+    "id",
+    "status",
+    "amount_minor",
+    "currency",
+    "idempotency_key",
+    "created_at",
+];
 
 /// An e-mail as the API shows it (no recipient, subject or body: personal data).
 #[derive(Debug, Clone, Serialize)]
@@ -150,6 +165,13 @@ impl Store {
             currency,
             idempotency_key: key.to_owned(),
             created_at: now_rfc3339(),
+            echoed: request
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(name, _)| !PAYMENT_FIELDS.contains(&name.as_str()))
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect(),
         };
         self.payment_keys_by_id
             .insert(payment.id.clone(), key.to_owned());

@@ -66,6 +66,35 @@ async fn create_then_replay_keeps_one_effect() {
 }
 
 #[tokio::test]
+async fn a_payment_echoes_the_other_members_of_its_request() {
+    let (base, _sandbox) = start(Duration::ZERO, Duration::from_secs(2)).await;
+    let client = client();
+    let body = json!({
+        "amount_minor": 1250,
+        "currency": "EUR",
+        "order_id": "817",
+        "card": {"number": "4111111111111111", "cvv": "123"},
+        "id": "not-the-id",
+        "status": "not-the-status"
+    });
+    let created: Value = pay(&client, &base, "echo-1", &body, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(created["order_id"], "817");
+    assert_eq!(created["card"]["number"], "4111111111111111");
+    assert!(created["id"].as_str().unwrap().starts_with("pay_"));
+    assert_eq!(created["status"], "succeeded");
+    let (_, by_key) = get(
+        &client,
+        format!("{base}/v1/payments/by-idempotency-key/echo-1"),
+    )
+    .await;
+    assert_eq!(by_key, created);
+}
+
+#[tokio::test]
 async fn reused_key_with_other_body_is_refused() {
     let (base, sandbox) = start(Duration::ZERO, Duration::from_secs(2)).await;
     let client = client();
