@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::tls::{self, ServerTlsFiles, TlsError};
 use crate::api::{Authenticator, ServeOptions};
 use crate::config::{Config, ConfigError, LogFormat};
+use crate::domain::derived_key::{KeyDeriver, SecretTooShort};
 use crate::domain::policy::{Policy, PolicyError};
 use crate::journal::{Journal, RequestLimits};
 use crate::reconcile::adapter::AdapterError;
@@ -33,6 +34,9 @@ pub enum StartError {
     /// A certificate file is unusable.
     #[error("TLS: {0}")]
     Tls(#[from] TlsError),
+    /// The key derivation secret is unusable.
+    #[error("key_derivation_secret: {0}")]
+    KeyDerivation(#[from] SecretTooShort),
 }
 
 /// The journal's parts, built from a configuration.
@@ -63,12 +67,12 @@ pub fn build(config: &Config) -> Result<Components, StartError> {
     let policy = Arc::new(load_policy(config)?);
     let adapters = AdapterSet::from_policy(&policy)?;
     let store = PgStore::connect_lazy(&config.database_url, config.max_connections)?;
-    Ok(components_with_limits(
-        store,
-        policy,
-        adapters,
-        config.request_limits(),
-    ))
+    let mut parts = components_with_limits(store, policy, adapters, config.request_limits());
+    if let Some(secret) = &config.key_derivation_secret {
+        let deriver = KeyDeriver::new(secret.expose().as_bytes())?;
+        parts.journal = parts.journal.with_key_deriver(deriver);
+    }
+    Ok(parts)
 }
 
 /// Assembles components over an existing store, with the default request limits.

@@ -10,6 +10,7 @@ use figment::providers::{Env, Format as _, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::access::{NamespaceScope, Principal, Role, TokenDigest, TokenRegistry};
+use crate::domain::derived_key::MIN_SECRET_BYTES;
 use crate::domain::model::Namespace;
 use crate::journal::RequestLimits;
 
@@ -66,6 +67,35 @@ pub struct Config {
     pub max_json_depth: usize,
     /// Largest page of `ListOperations` and `ListOperationsForReview`.
     pub max_page_size: u32,
+    /// Server secret of `DeriveOperationKey`, at least 32 bytes
+    /// (`OPJOURNAL_KEY_DERIVATION_SECRET`); never logged or printed. Without it that RPC
+    /// answers `FAILED_PRECONDITION`/`KEY_DERIVATION_DISABLED`. Every server of one
+    /// deployment needs the same value, and changing it changes every derived key.
+    #[serde(skip_serializing)]
+    pub key_derivation_secret: Option<Secret>,
+}
+
+/// A secret setting: its `Debug` output is `[redacted]` and it is never serialized.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret holding `value`.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret's value, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
 }
 
 /// One bearer token: `[[tokens]]` in the configuration file.
@@ -160,6 +190,7 @@ impl Default for Config {
             max_result_bytes: limits.max_result_bytes,
             max_json_depth: limits.max_json_depth,
             max_page_size: limits.max_page_size,
+            key_derivation_secret: None,
         }
     }
 }
@@ -170,6 +201,8 @@ pub const MAX_JSON_DEPTH: usize = 128;
 pub const MAX_PAGE_SIZE: u32 = 1000;
 /// Room `max_message_bytes` must leave beyond the largest JSON field, in bytes.
 pub const MESSAGE_HEADROOM_BYTES: usize = 16 * 1024;
+/// The environment variable holding `key_derivation_secret`.
+pub const SECRET_VARIABLE: &str = "OPJOURNAL_KEY_DERIVATION_SECRET";
 
 /// A configuration that cannot be used; the message names the setting.
 #[derive(Debug, thiserror::Error)]
@@ -189,11 +222,22 @@ impl Config {
             }
             figment = figment.merge(Toml::file(file));
         }
-        let config: Config = figment
-            .merge(Env::prefixed("OPJOURNAL_"))
+        figment = figment.merge(Env::prefixed("OPJOURNAL_"));
+        // Read as it is: the generic variables are parsed (`123` becomes a number).
+        if let Some(secret) = std::env::var(SECRET_VARIABLE)
+            .ok()
+            .filter(|s| !s.is_empty())
+        {
+            figment = figment.merge(Serialized::default("key_derivation_secret", secret));
+        }
+        let mut config: Config = figment
             .merge(Serialized::defaults(overrides))
             .extract()
             .map_err(|e| ConfigError(e.to_string()))?;
+        // An empty secret (`OPJOURNAL_KEY_DERIVATION_SECRET=`) means none.
+        config.key_derivation_secret = config
+            .key_derivation_secret
+            .filter(|secret| !secret.expose().is_empty());
         config.validate()?;
         Ok(config)
     }
@@ -238,6 +282,13 @@ impl Config {
         self.validate_limits()?;
         self.validate_tls()?;
         self.token_registry()?;
+        if let Some(secret) = &self.key_derivation_secret
+            && secret.expose().len() < MIN_SECRET_BYTES
+        {
+            return Err(ConfigError(format!(
+                "key_derivation_secret: must be at least {MIN_SECRET_BYTES} bytes long"
+            )));
+        }
         Ok(())
     }
 
@@ -316,5 +367,37 @@ impl Config {
     /// Seconds as a duration.
     pub fn seconds(value: f64) -> Duration {
         Duration::from_secs_f64(value.max(0.0))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("opjournal.toml");
+        std::fs::write(&file, toml).unwrap();
+        Config::load(Some(&file), serde_json::json!({}))
+    }
+
+    #[test]
+    fn the_key_derivation_secret_is_read_and_never_printed() {
+        let secret = "a-secret-of-at-least-thirty-two-bytes";
+        let config = load(&format!("key_derivation_secret = \"{secret}\"\n")).unwrap();
+        assert_eq!(
+            config.key_derivation_secret.as_ref().map(Secret::expose),
+            Some(secret)
+        );
+        assert!(!format!("{config:?}").contains(secret));
+        assert!(format!("{config:?}").contains("[redacted]"));
+    }
+
+    #[test]
+    fn a_short_key_derivation_secret_is_refused_by_name() {
+        let err = load("key_derivation_secret = \"short\"\n").unwrap_err();
+        assert!(err.to_string().contains("key_derivation_secret"), "{err}");
+        assert!(!err.to_string().contains("short\""), "{err}");
     }
 }

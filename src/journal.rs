@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::domain::canonical::{self, Limits, RequestHash};
+use crate::domain::derived_key::KeyDeriver;
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::lease::{self, BeginVerdict, LeaseToken};
 use crate::domain::model::{
@@ -122,17 +123,25 @@ pub struct Journal {
     policy: Arc<Policy>,
     limits: RequestLimits,
     counters: Arc<JournalCounters>,
+    key_deriver: Option<Arc<KeyDeriver>>,
 }
 
 impl Journal {
-    /// A journal over `store` applying `policy`.
+    /// A journal over `store` applying `policy`, without key derivation.
     pub fn new(store: Arc<dyn JournalStore>, policy: Arc<Policy>, limits: RequestLimits) -> Self {
         Self {
             store,
             policy,
             limits,
             counters: Arc::default(),
+            key_deriver: None,
         }
+    }
+
+    /// The same journal deriving opaque keys with `deriver` (`DeriveOperationKey`).
+    pub fn with_key_deriver(mut self, deriver: KeyDeriver) -> Self {
+        self.key_deriver = Some(Arc::new(deriver));
+        self
     }
 
     /// The store behind the journal.
@@ -473,6 +482,31 @@ impl Journal {
             None => Err(JournalError::NotFound),
             Some(_) => Err(JournalError::LeaseLost),
         }
+    }
+
+    /// The opaque, stable key for an intent (see [`crate::domain::derived_key`]): the same
+    /// namespace, action type and intent reference always give the same key under the same
+    /// server secret. Nothing is stored; the intent reference is neither kept nor logged.
+    ///
+    /// Errors: `FAILED_PRECONDITION`/`KEY_DERIVATION_DISABLED` without a configured secret;
+    /// `INVALID_ARGUMENT` for a malformed namespace or action type, or an empty or too long
+    /// intent reference; `INVALID_ARGUMENT`/`ACTION_TYPE_NOT_CONFIGURED`.
+    pub fn derive_key(
+        &self,
+        namespace: &str,
+        action_type: &str,
+        intent_reference: &str,
+    ) -> Result<OperationKey, JournalError> {
+        let deriver = self
+            .key_deriver
+            .as_ref()
+            .ok_or(JournalError::KeyDerivationDisabled)?;
+        let namespace = Namespace::parse(namespace)?;
+        let action_type = ActionType::parse(action_type)?;
+        if self.policy.action(&action_type).is_none() {
+            return Err(JournalError::ActionTypeNotConfigured);
+        }
+        deriver.derive(&namespace, &action_type, intent_reference)
     }
 
     /// Reads one operation. Errors: `NOT_FOUND`/`OPERATION_NOT_FOUND`, `INVALID_ARGUMENT`.

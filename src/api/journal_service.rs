@@ -165,6 +165,22 @@ impl OperationJournal for JournalService {
         }))
     }
 
+    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/DeriveOperationKey"))]
+    async fn derive_operation_key(
+        &self,
+        request: Request<proto::DeriveOperationKeyRequest>,
+    ) -> Result<Response<proto::DeriveOperationKeyResponse>, Status> {
+        let caller = auth::caller(&request, Rpc::DeriveOperationKey)?;
+        let r = request.into_inner();
+        check_namespace(&caller, &r.namespace)?;
+        let key = self
+            .journal
+            .derive_key(&r.namespace, &r.action_type, &r.intent_reference)?;
+        Ok(Response::new(proto::DeriveOperationKeyResponse {
+            operation_key: key.to_string(),
+        }))
+    }
+
     #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/ListOperations"))]
     async fn list_operations(
         &self,

@@ -139,6 +139,12 @@ impl From<JournalError> for Status {
                 "the action has no provider adapter to look the operation up",
                 HashMap::new(),
             ),
+            JournalError::KeyDerivationDisabled => status(
+                Code::FailedPrecondition,
+                "KEY_DERIVATION_DISABLED",
+                "this server has no key_derivation_secret configured, so it cannot derive keys",
+                HashMap::new(),
+            ),
             JournalError::StoreUnavailable(source) => {
                 tracing::warn!(error = %source, "store unavailable");
                 retryable(

@@ -61,6 +61,8 @@ pub enum Rpc {
     GetOperation,
     /// `OperationJournal/ListOperations`.
     ListOperations,
+    /// `OperationJournal/DeriveOperationKey`.
+    DeriveOperationKey,
     /// `Reconciler/ReconcileOperation`.
     ReconcileOperation,
     /// `Reconciler/ListOperationsForReview`.
@@ -81,7 +83,8 @@ impl Rpc {
             | Self::CompleteOperation
             | Self::FailOperation
             | Self::ReportUnknownOutcome
-            | Self::RenewLease => &[Client, Admin],
+            | Self::RenewLease
+            | Self::DeriveOperationKey => &[Client, Admin],
             Self::GetOperation | Self::ListOperations => &[Client, Reviewer, Admin],
             Self::ListOperationsForReview | Self::ResolveOperation | Self::GetOperationHistory => {
                 &[Reviewer, Admin]
@@ -100,6 +103,7 @@ impl Rpc {
             Self::RenewLease => "RenewLease",
             Self::GetOperation => "GetOperation",
             Self::ListOperations => "ListOperations",
+            Self::DeriveOperationKey => "DeriveOperationKey",
             Self::ReconcileOperation => "ReconcileOperation",
             Self::ListOperationsForReview => "ListOperationsForReview",
             Self::ResolveOperation => "ResolveOperation",

@@ -89,6 +89,10 @@ pub enum JournalError {
     /// The action has no provider lookup. `FAILED_PRECONDITION`, `NO_PROVIDER_ADAPTER`.
     #[error("action has no provider adapter")]
     NoProviderAdapter,
+    /// `DeriveOperationKey` without a configured `key_derivation_secret`.
+    /// `FAILED_PRECONDITION`, `KEY_DERIVATION_DISABLED`.
+    #[error("key derivation is not configured")]
+    KeyDerivationDisabled,
     /// The database cannot be reached. `UNAVAILABLE`, `STORE_UNAVAILABLE`.
     #[error("store unavailable: {0}")]
     StoreUnavailable(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod canonical;
+pub mod derived_key;
 pub mod error;
 pub mod lease;
 pub mod model;

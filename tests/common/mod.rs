@@ -28,6 +28,9 @@ use tonic_types::StatusExt as _;
 
 pub const PAYMENT_KEY: &str = "payment:order-817:intent-01";
 
+/// Writes a test policy for the sandbox's URL.
+pub type PolicyWriter = dyn Fn(&str) -> String + Send + Sync;
+
 /// How a test server is secured and limited, and how the harness's own clients reach it.
 #[derive(Clone)]
 pub struct SpawnOptions {
@@ -41,6 +44,10 @@ pub struct SpawnOptions {
     pub limits: RequestLimits,
     /// Largest request message the server decodes.
     pub max_message_bytes: usize,
+    /// Writes the policy for the sandbox's URL; `policy_yaml` when `None`.
+    pub policy: Option<Arc<PolicyWriter>>,
+    /// The secret of DeriveOperationKey; derivation is off when `None`.
+    pub key_secret: Option<String>,
 }
 
 impl Default for SpawnOptions {
@@ -51,6 +58,8 @@ impl Default for SpawnOptions {
             client_tls: None,
             limits: RequestLimits::default(),
             max_message_bytes: ServeOptions::default().max_message_bytes,
+            policy: None,
+            key_secret: None,
         }
     }
 }
@@ -153,6 +162,22 @@ impl TestApp {
         Self::spawn_full(pool, SandboxConfig::default(), 0, options).await
     }
 
+    /// The app under the policy `make_policy` writes for the sandbox's URL, deriving keys
+    /// with `key_secret` when one is given.
+    pub async fn spawn_with_policy(
+        pool: PgPool,
+        sandbox_config: SandboxConfig,
+        make_policy: impl Fn(&str) -> String + Send + Sync + 'static,
+        key_secret: Option<&str>,
+    ) -> Self {
+        let options = SpawnOptions {
+            policy: Some(Arc::new(make_policy)),
+            key_secret: key_secret.map(str::to_owned),
+            ..SpawnOptions::default()
+        };
+        Self::spawn_full(pool, sandbox_config, 0, options).await
+    }
+
     pub async fn spawn_full(
         pool: PgPool,
         sandbox_config: SandboxConfig,
@@ -161,15 +186,22 @@ impl TestApp {
     ) -> Self {
         app::install_crypto_provider();
         let (sandbox_url, sandbox) = sandbox::spawn(sandbox_config).await.unwrap();
-        let policy_yaml = policy_yaml(&sandbox_url, grace);
+        let policy_yaml = match &options.policy {
+            Some(make_policy) => make_policy(&sandbox_url),
+            None => policy_yaml(&sandbox_url, grace),
+        };
         let policy = Arc::new(Policy::parse(&policy_yaml, "test-policy.yaml").unwrap());
         let adapters = AdapterSet::from_policy(&policy).unwrap();
-        let parts = app::components_with_limits(
+        let mut parts = app::components_with_limits(
             PgStore::new(pool.clone()),
             policy,
             adapters,
             options.limits.clone(),
         );
+        if let Some(secret) = &options.key_secret {
+            let deriver = opjournal::domain::derived_key::KeyDeriver::new(secret.as_bytes());
+            parts.journal = parts.journal.with_key_deriver(deriver.unwrap());
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
