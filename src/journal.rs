@@ -22,6 +22,7 @@ use crate::domain::model::{
     ActionType, ErrorCode, ExternalId, Namespace, OperationKey, OperationRecord, Status,
 };
 use crate::domain::policy::{ActionPolicy, AdapterConfig, DuplicateIntentMode, Policy};
+use crate::domain::sensitive;
 use crate::store::{JournalStore, ListQuery, NewOperation, Settlement};
 
 /// Limits on request fields (sizes in bytes), set from the configuration.
@@ -199,12 +200,16 @@ impl Journal {
     ///
     /// Errors: `ALREADY_EXISTS`/`IDEMPOTENCY_KEY_REUSED` when the key is bound to another
     /// request hash or action type (the row is left untouched); `INVALID_ARGUMENT`/
-    /// `ACTION_TYPE_NOT_CONFIGURED`; `UNAVAILABLE`/`STORE_UNAVAILABLE`.
+    /// `ACTION_TYPE_NOT_CONFIGURED`; `INVALID_ARGUMENT`/`KEY_CONTAINS_SENSITIVE_DATA` when a
+    /// key not yet registered looks like it holds personal data or a secret (see
+    /// [`sensitive`]), `KEY_PATTERN_MISMATCH` when it does not match the action's
+    /// `key_pattern`, nothing written; `UNAVAILABLE`/`STORE_UNAVAILABLE`.
     pub async fn begin(&self, command: BeginCommand) -> Result<BeginOutcome, JournalError> {
         let action = self
             .policy
             .action(&command.action_type)
             .ok_or(JournalError::ActionTypeNotConfigured)?;
+        self.screen_new_key(&command, action).await?;
         if let Some(outcome) = self.check_duplicate_intent(&command, action).await? {
             return Ok(outcome);
         }
@@ -281,6 +286,29 @@ impl Journal {
             }
         }
         Err(JournalError::Contention)
+    }
+
+    /// Refuses a key that is not registered yet and looks like it holds personal data or a
+    /// secret, or does not match the action's `key_pattern`. A key already registered (before
+    /// the screening, or before the pattern changed) is let through, so its retries still get
+    /// the operation's answer: the rules never change for operations already recorded.
+    async fn screen_new_key(
+        &self,
+        command: &BeginCommand,
+        action: &ActionPolicy,
+    ) -> Result<(), JournalError> {
+        let key = &command.operation_key;
+        let screened = sensitive::check_key(key).and_then(|()| match &action.key_pattern {
+            Some(pattern) => sensitive::check_pattern(key, pattern),
+            None => Ok(()),
+        });
+        let Err(refusal) = screened else {
+            return Ok(());
+        };
+        match self.store.get(&command.namespace, key).await? {
+            Some(_) => Ok(()),
+            None => Err(refusal),
+        }
     }
 
     /// Duplicate intent under a new key (the model invented a fresh key for a retry): the

@@ -1,4 +1,6 @@
-//! Opaque keys derived from an intent with a server secret, stable across calls, servers and
+//! Keys without personal data: keys that look like they hold an e-mail address, a card or
+//! phone number or a token are refused before anything is written; per-action key patterns;
+//! opaque keys derived from an intent with a server secret, stable across calls, servers and
 //! restarts.
 
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -19,8 +21,21 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::Code;
 use tonic::transport::Channel;
+use tonic_types::StatusExt as _;
 
 const SECRET: &str = "test-secret-0123456789abcdef0123456789";
+
+async fn table_rows(app: &TestApp) -> (i64, i64) {
+    let operations = sqlx::query_scalar("SELECT COUNT(*) FROM agent_operations")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let events = sqlx::query_scalar("SELECT COUNT(*) FROM operation_events")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    (operations, events)
+}
 
 /// Everything the journal's tables hold, as text.
 async fn stored_text(pool: &PgPool) -> String {
@@ -31,6 +46,87 @@ async fn stored_text(pool: &PgPool) -> String {
     .fetch_one(pool)
     .await
     .unwrap()
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn keys_holding_an_email_a_card_number_or_a_token_are_refused_and_nothing_is_written(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    for (key, kind, value) in [
+        (
+            "pay:alice@example.com:1",
+            "email_address",
+            "alice@example.com",
+        ),
+        ("card:4111111111111111", "card_number", "4111111111111111"),
+        ("tok:Bearer abc.def.ghi", "bearer_token", "abc.def.ghi"),
+    ] {
+        let err = app.begin(key, "create_payment", PAY_817).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{key}");
+        assert_eq!(reason(&err), "KEY_CONTAINS_SENSITIVE_DATA", "{key}");
+        assert_eq!(violated_field(&err), "operation_key");
+        assert_eq!(err.get_details_error_info().unwrap().metadata["kind"], kind);
+        let description = &err.get_details_bad_request().unwrap().field_violations[0].description;
+        assert!(!err.message().contains(value), "{}", err.message());
+        assert!(!description.contains(value), "{description}");
+        assert_eq!(app.rows_for(key).await, 0, "{key}");
+    }
+    assert_eq!(table_rows(&app).await, (0, 0), "nothing was written");
+
+    // The article's example keys are ordinary keys.
+    for (key, action) in [
+        ("payment:order-817:intent-01", "create_payment"),
+        ("email:case-442:confirmation-v1", "send_email"),
+        ("application:user-93:program-2026", "create_payment"),
+    ] {
+        let begin = app.begin(key, action, PAY_817).await.unwrap();
+        assert_eq!(decision(&begin), Decision::Execute, "{key}");
+    }
+}
+
+fn pattern_policy(sandbox_url: &str) -> String {
+    format!(
+        r#"
+actions:
+  create_payment:
+    key_pattern: 'payment:order-[0-9]+:intent-[0-9]+'
+  send_card:
+    key_pattern: 'card:[0-9]+'
+  send_email:
+    key_pattern: '.*'
+adapters:
+  unused:
+    kind: http
+    url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
+"#
+    )
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_key_pattern_refuses_keys_of_another_shape_and_never_admits_personal_data(pool: PgPool) {
+    let app =
+        TestApp::spawn_with_policy(pool, SandboxConfig::default(), pattern_policy, None).await;
+    let ok = app
+        .begin("payment:order-817:intent-01", "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert_eq!(decision(&ok), Decision::Execute);
+    for key in ["payment-817", "payment:order-817:intent-01:retry"] {
+        let err = app.begin(key, "create_payment", PAY_817).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert_eq!(reason(&err), "KEY_PATTERN_MISMATCH", "{key}");
+        assert_eq!(violated_field(&err), "operation_key");
+    }
+    // A pattern that admits the shape still does not admit the data.
+    for (key, action) in [
+        ("card:4111111111111111", "send_card"),
+        ("notify:bob@example.com", "send_email"),
+    ] {
+        let err = app.begin(key, action, PAY_817).await.unwrap_err();
+        assert_eq!(reason(&err), "KEY_CONTAINS_SENSITIVE_DATA", "{key}");
+    }
+    assert_eq!(table_rows(&app).await.0, 1);
 }
 
 async fn derive(
@@ -355,4 +451,67 @@ roles = ["reviewer"]
         };
         assert_eq!((err.code(), reason(&err)), (code, expected.to_owned()));
     }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn keys_registered_before_the_screening_or_the_pattern_still_get_their_answer(pool: PgPool) {
+    use opjournal::store::JournalStore as _;
+    // Registered before the screening existed: written straight into the store.
+    let app = TestApp::spawn(pool.clone()).await;
+    let old_key = "pay:alice@example.com:1";
+    let begin = app
+        .parts
+        .journal
+        .parse_begin("", "plain-key", "create_payment", PAY_817, 0, [])
+        .unwrap();
+    let record = app
+        .parts
+        .store
+        .insert_and_claim(&opjournal::store::NewOperation {
+            operation_key: opjournal::domain::model::OperationKey::parse(old_key).unwrap(),
+            namespace: begin.namespace,
+            action_type: begin.action_type,
+            request_hash: begin.request_hash,
+            references: Default::default(),
+            lease: Duration::from_secs(30),
+            lease_id: uuid::Uuid::new_v4(),
+            action_policy: serde_json::json!({}),
+        })
+        .await
+        .unwrap();
+    assert!(record.is_some());
+    let retry = app.begin(old_key, "create_payment", PAY_817).await.unwrap();
+    assert_eq!(
+        decision(&retry),
+        Decision::InProgress,
+        "the old operation answers"
+    );
+    assert_eq!(app.get(old_key).await.attempt_count, 1);
+
+    // Registered before the action got a key_pattern.
+    let begin = app
+        .begin("legacy-817", "create_payment", PAY_817)
+        .await
+        .unwrap();
+    app.journal
+        .clone()
+        .complete_operation(CompleteOperationRequest {
+            lease_token: begin.lease_token,
+            external_id: "pay_817".into(),
+            result_json: r#"{"id":"pay_817"}"#.into(),
+        })
+        .await
+        .unwrap();
+    let with_pattern =
+        TestApp::spawn_with_policy(pool, SandboxConfig::default(), pattern_policy, None).await;
+    let replay = with_pattern
+        .begin("legacy-817", "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert_eq!(decision(&replay), Decision::Replay);
+    let err = with_pattern
+        .begin("legacy-818", "create_payment", PAY_817)
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "KEY_PATTERN_MISMATCH");
 }

@@ -9,3 +9,4 @@ pub mod lease;
 pub mod model;
 pub mod policy;
 mod policy_file;
+pub mod sensitive;

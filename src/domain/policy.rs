@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::model::ActionType;
+use super::sensitive::KeyPattern;
 
 /// Default lease length, in seconds.
 pub const DEFAULT_LEASE_SECONDS: u32 = 30;
@@ -99,6 +100,10 @@ pub struct ActionPolicy {
     /// What a Begin with a new key but the same request as a recent operation does.
     #[serde(default)]
     pub duplicate_intent: DuplicateIntentPolicy,
+    /// A regular expression every new key of this action must match as a whole
+    /// (`KEY_PATTERN_MISMATCH` otherwise); the check for personal data applies as well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_pattern: Option<KeyPattern>,
 }
 
 /// The only accepted `operation_key` setting.
@@ -721,6 +726,29 @@ adapters:
                 .contains("actions.create_payment.reconcile.adapter"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_key_pattern_is_compiled_and_a_bad_one_is_refused_with_its_setting() {
+        let text = EXAMPLE.replace(
+            "    lease_seconds: 30\n",
+            "    lease_seconds: 30\n    key_pattern: 'payment:order-[0-9]+:intent-[0-9]+'\n",
+        );
+        let policy = Policy::parse(&text, "policy.yaml").unwrap();
+        let pay = policy
+            .action(&ActionType::parse("create_payment").unwrap())
+            .unwrap();
+        assert_eq!(
+            pay.key_pattern.as_ref().unwrap().as_str(),
+            "payment:order-[0-9]+:intent-[0-9]+"
+        );
+        let bad = EXAMPLE.replace(
+            "    lease_seconds: 30\n",
+            "    lease_seconds: 30\n    key_pattern: '(unclosed'\n",
+        );
+        let err = Policy::parse(&bad, "policy.yaml").unwrap_err();
+        assert!(err.to_string().contains("regular expression"), "{err}");
+        assert!(err.to_string().contains("key_pattern"), "{err}");
     }
 
     #[test]
