@@ -21,7 +21,9 @@ use crate::domain::lease::{self, BeginVerdict, LeaseToken};
 use crate::domain::model::{
     ActionType, ErrorCode, ExternalId, Namespace, OperationKey, OperationRecord, Status,
 };
-use crate::domain::policy::{ActionPolicy, AdapterConfig, DuplicateIntentMode, Policy};
+use crate::domain::policy::{
+    ActionPolicy, AdapterConfig, DuplicateIntentMode, Policy, ResultSource,
+};
 use crate::domain::sensitive;
 use crate::store::{JournalStore, ListQuery, NewOperation, Settlement};
 
@@ -372,10 +374,12 @@ impl Journal {
 
     /// Records a confirmed success: -> `succeeded` (article, step 6).
     ///
-    /// `result_json` is any JSON value as text (empty = no result body); it is stored in its
-    /// RFC 8785 canonical form. Errors: `ABORTED`/`LEASE_LOST`,
-    /// `FAILED_PRECONDITION`/`OUTCOME_ALREADY_RECORDED`, `NOT_FOUND`/`OPERATION_NOT_FOUND`,
-    /// `INVALID_ARGUMENT`.
+    /// `result_json` is any JSON value as text (empty = no result body); it is sanitized by
+    /// the action's result rules (deny-list, `result.keep`, `result.max_bytes`; see
+    /// [`crate::domain::result`]) and stored in its RFC 8785 canonical form. Errors:
+    /// `ABORTED`/`LEASE_LOST`, `FAILED_PRECONDITION`/`OUTCOME_ALREADY_RECORDED`,
+    /// `NOT_FOUND`/`OPERATION_NOT_FOUND`, `INVALID_ARGUMENT` (`RESULT_TOO_LARGE` when the
+    /// sanitized result is over `result.max_bytes`).
     pub async fn complete(
         &self,
         lease_token: &str,
@@ -393,7 +397,20 @@ impl Journal {
             };
             let value = canonical::parse_strict(result_json, &limits)
                 .map_err(|e| JournalError::invalid_json("result_json", "INVALID_RESULT", &e))?;
-            Some(canonical::canonicalize(&value))
+            let row = self
+                .store
+                .get(&token.namespace, &token.operation_key)
+                .await?
+                .ok_or(JournalError::NotFound)?;
+            // The rules the operation was registered under, not today's file.
+            let action = row
+                .action_policy
+                .as_ref()
+                .or_else(|| self.policy.action(&row.action_type));
+            self.policy
+                .result_rules(action, ResultSource::Caller)
+                .sanitize(value)
+                .map_err(|e| e.into_error("result_json"))?
         };
         self.settle(
             &token,

@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::model::ActionType;
+use super::result::{self, ResultRules};
 use super::sensitive::KeyPattern;
 
 /// Default lease length, in seconds.
@@ -47,6 +48,11 @@ pub struct Defaults {
     /// Longest lease any request may get, in seconds.
     #[serde(default = "default_max_lease_seconds")]
     pub max_lease_seconds: u32,
+    /// Field names removed from every stored result at any depth, on top of the built-in
+    /// list ([`result::BUILTIN_DENY_FIELDS`]); compared case-insensitively, ignoring `_`
+    /// and `-`.
+    #[serde(default)]
+    pub result_deny_fields: Vec<String>,
 }
 
 impl Default for Defaults {
@@ -54,6 +60,7 @@ impl Default for Defaults {
         Self {
             lease_seconds: DEFAULT_LEASE_SECONDS,
             max_lease_seconds: DEFAULT_MAX_LEASE_SECONDS,
+            result_deny_fields: Vec::new(),
         }
     }
 }
@@ -104,6 +111,40 @@ pub struct ActionPolicy {
     /// (`KEY_PATTERN_MISMATCH` otherwise); the check for personal data applies as well.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_pattern: Option<KeyPattern>,
+    /// What of a result is stored.
+    #[serde(default, skip_serializing_if = "ResultPolicy::is_unset")]
+    pub result: ResultPolicy,
+}
+
+/// What of an action's results is stored (see [`crate::domain::result`]).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ResultPolicy {
+    /// JSON Pointers of the fields to store, each stored under its last segment; an empty
+    /// list stores no result. Absent: the whole result (minus denied fields) is stored, except
+    /// that a result found by an http adapter is kept by that adapter's older
+    /// `response.keep_fields`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<Vec<String>>,
+    /// Largest stored result, in bytes of canonical JSON (default 65536, at most 1048576).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<usize>,
+}
+
+impl ResultPolicy {
+    /// Whether nothing is set (then it is left out of the recorded policy).
+    pub fn is_unset(&self) -> bool {
+        self.keep.is_none() && self.max_bytes.is_none()
+    }
+}
+
+/// Who reported a result, which decides the keep list when the action sets none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultSource<'a> {
+    /// The lease holder (`CompleteOperation`) or a reviewer (`ResolveOperation`).
+    Caller,
+    /// The provider adapter of this name (in `adapters`), from the provider's answer.
+    Adapter(&'a str),
 }
 
 /// The only accepted `operation_key` setting.
@@ -404,8 +445,9 @@ pub struct ResponseMapping {
     /// Where the provider's id of the effect is.
     #[serde(default)]
     pub external_id_pointer: Option<String>,
-    /// Fields kept as the stored result, each a JSON Pointer; the result object is keyed by
-    /// each pointer's last segment. Nothing else of the provider's answer is stored.
+    /// The older spelling of the action's `result.keep`, for results this adapter finds: it
+    /// applies when the action sets no `result.keep`. Empty (and no `result.keep`): no result
+    /// is stored from this adapter's answers.
     #[serde(default)]
     pub keep_fields: Vec<String>,
 }
@@ -521,6 +563,32 @@ impl Policy {
                     &format!("no adapter named '{adapter}' in adapters"),
                 );
             }
+            if let Some(keep) = &action.result.keep
+                && let Err(message) = result::validate_keep(keep)
+            {
+                problem(&at(&["result", "keep"]), &message);
+            }
+            if action
+                .result
+                .max_bytes
+                .is_some_and(|n| n == 0 || n > MAX_RESULT_MAX_BYTES)
+            {
+                problem(
+                    &at(&["result", "max_bytes"]),
+                    &format!("must be 1 to {MAX_RESULT_MAX_BYTES}"),
+                );
+            }
+        }
+        if self
+            .defaults
+            .result_deny_fields
+            .iter()
+            .any(|name| result::normalize_field_name(name).is_empty())
+        {
+            problem(
+                &["defaults", "result_deny_fields"],
+                "names must not be empty",
+            );
         }
         for (name, adapter) in &self.adapters {
             let result = match adapter {
@@ -568,7 +636,44 @@ impl Policy {
     pub fn default_lease_seconds(&self, action: &ActionPolicy) -> u32 {
         action.lease_seconds.unwrap_or(self.defaults.lease_seconds)
     }
+
+    /// The result rules for an action's results reported by `source`, `action` being the
+    /// rules the operation was registered under; `None` (an action no longer configured) gets
+    /// the deny-list and the default size limit only. Without `result.keep`, an http adapter's
+    /// older `response.keep_fields` applies to what that adapter found. The deny-list and the
+    /// adapters always come from today's file.
+    pub fn result_rules<'a>(
+        &'a self,
+        action: Option<&'a ActionPolicy>,
+        source: ResultSource<'_>,
+    ) -> ResultRules<'a> {
+        let deny = self.defaults.result_deny_fields.as_slice();
+        let Some(action) = action else {
+            return ResultRules {
+                deny,
+                ..ResultRules::default()
+            };
+        };
+        let legacy_keep = || match source {
+            ResultSource::Adapter(name) => match self.adapters.get(name) {
+                Some(AdapterConfig::Http(http)) => Some(http.response.keep_fields.as_slice()),
+                _ => None,
+            },
+            ResultSource::Caller => None,
+        };
+        ResultRules {
+            keep: action.result.keep.as_deref().or_else(legacy_keep),
+            deny,
+            max_bytes: action
+                .result
+                .max_bytes
+                .unwrap_or(result::DEFAULT_RESULT_MAX_BYTES),
+        }
+    }
 }
+
+/// Largest `result.max_bytes`, in bytes.
+pub const MAX_RESULT_MAX_BYTES: usize = 1_048_576;
 
 fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)> {
     if !(http.url.starts_with("http://") || http.url.starts_with("https://")) {
@@ -602,8 +707,7 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)>
         .status_pointer
         .iter()
         .chain(http.absent_match.iter().map(|m| &m.pointer))
-        .chain(http.response.external_id_pointer.iter())
-        .chain(http.response.keep_fields.iter());
+        .chain(http.response.external_id_pointer.iter());
     for pointer in pointers {
         if !pointer.starts_with('/') {
             return Err((
@@ -612,6 +716,8 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)>
             ));
         }
     }
+    result::validate_keep(&http.response.keep_fields)
+        .map_err(|m| ("response", format!("keep_fields: {m}")))?;
     for (header, source) in &http.headers {
         if source.env.is_empty() {
             return Err((
@@ -749,6 +855,74 @@ adapters:
         let err = Policy::parse(&bad, "policy.yaml").unwrap_err();
         assert!(err.to_string().contains("regular expression"), "{err}");
         assert!(err.to_string().contains("key_pattern"), "{err}");
+    }
+
+    #[test]
+    fn result_keep_wins_and_the_adapters_keep_fields_apply_only_to_its_own_answers() {
+        let policy = Policy::parse(EXAMPLE, "policy.yaml").unwrap();
+        let pay = policy.action(&ActionType::parse("create_payment").unwrap());
+        let legacy = ["/id", "/status"].map(String::from);
+        assert_eq!(
+            policy
+                .result_rules(pay, ResultSource::Adapter("payments"))
+                .keep,
+            Some(&legacy[..])
+        );
+        assert_eq!(policy.result_rules(pay, ResultSource::Caller).keep, None);
+
+        let text = EXAMPLE.replace(
+            "    lease_seconds: 30\n",
+            "    lease_seconds: 30\n    result: { keep: [/id, /card/last4], max_bytes: 2048 }\n",
+        )
+        .replace(
+            "defaults:\n",
+            "defaults:\n  result_deny_fields: [customer_email]\n",
+        );
+        let policy = Policy::parse(&text, "policy.yaml").unwrap();
+        let pay = policy.action(&ActionType::parse("create_payment").unwrap());
+        let kept = ["/id", "/card/last4"].map(String::from);
+        for source in [ResultSource::Adapter("payments"), ResultSource::Caller] {
+            let rules = policy.result_rules(pay, source);
+            assert_eq!(rules.keep, Some(&kept[..]));
+            assert_eq!(rules.max_bytes, 2048);
+            assert!(rules.is_denied("customerEmail"));
+            assert!(rules.is_denied("cvv"));
+        }
+        let unconfigured = policy.result_rules(None, ResultSource::Adapter("payments"));
+        assert_eq!(unconfigured.keep, None);
+        assert!(unconfigured.is_denied("customer_email"));
+    }
+
+    #[test]
+    fn bad_result_settings_are_refused_with_their_name() {
+        for (setting, message) in [
+            (
+                "result: { keep: [id] }",
+                "actions.create_payment.result.keep",
+            ),
+            (
+                "result: { keep: [/a/id, /b/id] }",
+                "actions.create_payment.result.keep",
+            ),
+            (
+                "result: { max_bytes: 0 }",
+                "actions.create_payment.result.max_bytes",
+            ),
+            ("result: { keep_fields: [/id] }", "keep_fields"),
+        ] {
+            let text = EXAMPLE.replace(
+                "    lease_seconds: 30\n",
+                &format!("    lease_seconds: 30\n    {setting}\n"),
+            );
+            let err = Policy::parse(&text, "policy.yaml").unwrap_err();
+            assert!(err.to_string().contains(message), "{setting}: {err}");
+        }
+        let text = EXAMPLE.replace("defaults:\n", "defaults:\n  result_deny_fields: ['_']\n");
+        let err = Policy::parse(&text, "policy.yaml").unwrap_err();
+        assert!(
+            err.to_string().contains("defaults.result_deny_fields"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -35,7 +35,10 @@ pub enum Observation {
     Succeeded {
         /// Provider's id of the effect.
         external_id: Option<String>,
-        /// The kept result fields, canonical JSON text.
+        /// The result the adapter found, canonical JSON text (the http adapter: the provider's
+        /// whole answer). The reconciler applies the action's result rules (deny-list,
+        /// `result.keep`, size) before anything is stored, and keeps only the sanitized text
+        /// in its report.
         result_json: Option<String>,
     },
     /// The operation exists and failed definitively.
@@ -225,18 +228,9 @@ impl HttpAdapter {
                 code: "status_missing".into(),
             };
         }
-        let kept: serde_json::Map<String, Value> = mapping
-            .keep_fields
-            .iter()
-            .filter_map(|pointer| {
-                let name = pointer.rsplit('/').next().unwrap_or(pointer);
-                body.pointer(pointer).map(|v| (name.to_owned(), v.clone()))
-            })
-            .collect();
         Observation::Succeeded {
             external_id: text_at(&mapping.external_id_pointer),
-            result_json: (!mapping.keep_fields.is_empty())
-                .then(|| canonical::canonicalize(&Value::Object(kept))),
+            result_json: Some(canonical::canonicalize(body)),
         }
     }
 }

@@ -30,7 +30,8 @@ use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::model::{
     Attribution, ExternalId, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
 };
-use crate::domain::policy::{ActionPolicy, OnUnresolved, Policy};
+use crate::domain::policy::{ActionPolicy, OnUnresolved, Policy, ResultSource};
+use crate::domain::result::{ResultRules, SanitizeError};
 use crate::journal::{PageToken, RequestLimits, page_limit};
 use crate::store::{JournalStore, Resolution};
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
@@ -153,7 +154,7 @@ impl Reconciler {
             });
         }
         let action = self.action_policy(&record)?;
-        let adapter = self
+        let (name, adapter) = self
             .adapter_for(&record, &action)
             .ok_or(JournalError::NoProviderAdapter)?;
         // Take the reconcile lease, so that no worker looks the operation up meanwhile.
@@ -163,6 +164,7 @@ impl Reconciler {
             .await?
             .ok_or(JournalError::ReconcileInProgress)?;
         let observation = adapter.lookup(&lookup_request(&record)).await;
+        let observation = self.sanitize(observation, &action, name);
         self.apply(record, &action, Some(observation)).await
     }
 
@@ -197,7 +199,10 @@ impl Reconciler {
             };
         };
         let observation = match self.adapter_for(&record, &action) {
-            Some(adapter) => Some(adapter.lookup(&lookup_request(&record)).await),
+            Some((name, adapter)) => {
+                let observation = adapter.lookup(&lookup_request(&record)).await;
+                Some(self.sanitize(observation, &action, name))
+            }
             None => None,
         };
         self.apply(record, &action, observation).await
@@ -206,17 +211,31 @@ impl Reconciler {
     /// The adapter the operation was registered with; if the policy file no longer defines
     /// it, the one the file names for the action type today (an adapter's endpoint and
     /// credentials always come from today's file).
-    fn adapter_for(
-        &self,
+    fn adapter_for<'a>(
+        &'a self,
         record: &OperationRecord,
-        action: &ActionPolicy,
-    ) -> Option<&Arc<dyn ProviderAdapter>> {
+        action: &'a ActionPolicy,
+    ) -> Option<(&'a str, &'a Arc<dyn ProviderAdapter>)> {
         let today = self.policy.action(&record.action_type);
         [Some(action), today]
             .into_iter()
             .flatten()
             .filter_map(|a| a.reconcile.adapter.as_deref())
-            .find_map(|name| self.adapters.get(name))
+            .find_map(|name| self.adapters.get(name).map(|adapter| (name, adapter)))
+    }
+
+    /// What a provider says is input too: an id the journal cannot store, or a result it may
+    /// not store, makes the lookup a failed one; only the sanitized result goes any further.
+    fn sanitize(
+        &self,
+        observation: Observation,
+        action: &ActionPolicy,
+        adapter: &str,
+    ) -> Observation {
+        let rules = self
+            .policy
+            .result_rules(Some(action), ResultSource::Adapter(adapter));
+        sanitize_observation(observation, &rules)
     }
 
     /// The rules the operation was registered under; today's file for operations recorded
@@ -236,19 +255,6 @@ impl Reconciler {
         action: &ActionPolicy,
         observation: Option<Observation>,
     ) -> Result<ReconcileReport, JournalError> {
-        // What a provider says is input too: an id the journal cannot store is a failed lookup.
-        let observation = observation.map(|o| match o {
-            Observation::Succeeded { external_id, .. }
-                if external_id
-                    .as_deref()
-                    .is_some_and(|id| ExternalId::parse_optional(id).is_err()) =>
-            {
-                Observation::LookupFailed {
-                    code: "invalid_external_id".into(),
-                }
-            }
-            other => other,
-        });
         let resolution = match &observation {
             Some(observation) => resolution_for(&record, action, observation, rand::random()),
             None => Resolution::Escalate {
@@ -299,7 +305,7 @@ impl Reconciler {
         let namespace = Namespace::parse(namespace)?;
         let key = OperationKey::parse(operation_key)?;
         let attribution = review::attribution(reviewer, reason)?;
-        let resolution = review::resolution(decision, &self.limits)?;
+        let mut resolution = review::resolution(decision, &self.limits)?;
         if expected_attempt < 1 {
             return Err(JournalError::invalid(
                 "INVALID_EXPECTED_ATTEMPT",
@@ -319,6 +325,21 @@ impl Reconciler {
                 status: current.status,
                 attempt_count: current.attempt_count,
             });
+        }
+        if let Resolution::Succeeded { result_json, .. } = &mut resolution
+            && let Some(text) = result_json.take()
+        {
+            let recorded = current
+                .action_policy
+                .as_ref()
+                .or_else(|| self.policy.action(&current.action_type));
+            let rules = self.policy.result_rules(recorded, ResultSource::Caller);
+            *result_json = rules.sanitize_text(&text).map_err(|e| match e {
+                SanitizeError::TooLarge(e) => e.into_error("succeeded.result_json"),
+                SanitizeError::Invalid => {
+                    JournalError::internal("a validated result no longer parses")
+                }
+            })?;
         }
         match self
             .store
@@ -412,6 +433,37 @@ fn next_token<T>(rows: &mut Vec<T>, limit: i64, token: impl Fn(&T) -> Option<Str
 /// The reconcile lease of an on-request lookup: twice the slowest adapter's timeout.
 fn reconcile_lease_for(policy: &Policy) -> Duration {
     (policy.longest_lookup_timeout() * 2).max(Duration::from_secs(10))
+}
+
+/// An observation as the journal may use it: an external id it can store, and only the
+/// sanitized result (an oversized or malformed one makes the lookup a failed one).
+fn sanitize_observation(observation: Observation, rules: &ResultRules<'_>) -> Observation {
+    let failed = |code: &str| Observation::LookupFailed { code: code.into() };
+    match observation {
+        Observation::Succeeded {
+            external_id,
+            result_json,
+        } => {
+            if external_id
+                .as_deref()
+                .is_some_and(|id| ExternalId::parse_optional(id).is_err())
+            {
+                return failed("invalid_external_id");
+            }
+            match result_json
+                .map(|text| rules.sanitize_text(&text))
+                .transpose()
+            {
+                Ok(result_json) => Observation::Succeeded {
+                    external_id,
+                    result_json: result_json.flatten(),
+                },
+                Err(SanitizeError::TooLarge(_)) => failed("result_too_large"),
+                Err(SanitizeError::Invalid) => failed("invalid_result_json"),
+            }
+        }
+        other => other,
+    }
 }
 
 fn lookup_request(record: &OperationRecord) -> LookupRequest {
