@@ -520,29 +520,20 @@ impl JournalStore for PgStore {
         limit: i64,
         hold: Duration,
     ) -> Result<Vec<OperationRecord>, StoreError> {
-        let columns = COLUMNS
-            .split(", ")
-            .map(|c| {
-                if c.starts_with("now()") {
-                    c.to_owned()
-                } else {
-                    format!("o.{c}")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        // The CTE's columns are renamed so that COLUMNS stays unambiguous in RETURNING.
         let sql = format!(
             "WITH due AS ( \
-                 SELECT namespace, operation_key FROM agent_operations \
+                 SELECT namespace AS due_namespace, operation_key AS due_key \
+                 FROM agent_operations \
                  WHERE status = 'unknown' AND next_check_at <= now() \
                    AND (reconcile_lease_until IS NULL OR reconcile_lease_until < now()) \
                  ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
-             UPDATE agent_operations o \
+             UPDATE agent_operations \
              SET next_check_at = now() + make_interval(secs => $2), \
                  reconcile_lease_until = now() + make_interval(secs => $2) \
              FROM due \
-             WHERE o.namespace = due.namespace AND o.operation_key = due.operation_key \
-             RETURNING {columns}"
+             WHERE namespace = due_namespace AND operation_key = due_key \
+             RETURNING {COLUMNS}"
         );
         let rows = sqlx::query(trusted(sql))
             .bind(limit)
