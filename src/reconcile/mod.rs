@@ -402,8 +402,8 @@ impl Reconciler {
         let after = if page_token.is_empty() {
             0
         } else {
-            let (position, _) = PageToken::decode(page_token, &filters)?;
-            position.timestamp_micros()
+            let (event_id, _) = PageToken::decode_position(page_token, &filters)?;
+            event_id
         };
         if after == 0 && self.store.get(&namespace, &key).await?.is_none() {
             return Err(JournalError::NotFound);
@@ -413,8 +413,7 @@ impl Reconciler {
             .history(&namespace, &key, after, limit + 1)
             .await?;
         let next = next_token(&mut events, limit, |last| {
-            DateTime::<Utc>::from_timestamp_micros(last.event_id)
-                .map(|position| PageToken::encode(position, "", &filters))
+            Some(PageToken::encode_position(last.event_id, "", &filters))
         });
         Ok((events, next))
     }
