@@ -587,16 +587,7 @@ async fn tenants_sharing_a_provider_never_see_each_others_effects(pool: PgPool) 
     assert_eq!(provider_key, format!("tenant-b/{PAYMENT_KEY}"));
     // tenant-b's call never reached the provider; reconciling must not find tenant A's payment.
     report_unknown(&app, &b.lease_token).await.unwrap();
-    let reconciled = app
-        .reconciler
-        .clone()
-        .reconcile_operation(opjournal::proto::ReconcileOperationRequest {
-            namespace: "tenant-b".into(),
-            operation_key: PAYMENT_KEY.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let reconciled = app.reconcile("tenant-b", PAYMENT_KEY).await.unwrap();
     let op = reconciled.operation.unwrap();
     assert_ne!(op_status(&op), OperationStatus::Succeeded);
     assert_eq!(op.external_id, None);
@@ -628,16 +619,7 @@ async fn a_key_the_lookup_url_cannot_address_is_never_taken_as_absent(pool: PgPo
     for key in [".", ".."] {
         let begin = app.begin(key, "create_payment", PAY).await.unwrap();
         report_unknown(&app, &begin.lease_token).await.unwrap();
-        let reconciled = app
-            .reconciler
-            .clone()
-            .reconcile_operation(opjournal::proto::ReconcileOperationRequest {
-                namespace: String::new(),
-                operation_key: key.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let reconciled = app.reconcile("", key).await.unwrap();
         assert_eq!(
             op_status(reconciled.operation.as_ref().unwrap()),
             OperationStatus::Unknown,

@@ -612,15 +612,9 @@ async fn escalation_happens_at_the_deadline_not_at_the_next_scheduled_check(pool
     }
     // An operator's reconcile of an escalated operation keeps it out of automatic lookups.
     let reconciled = app
-        .reconciler
-        .clone()
-        .reconcile_operation(opjournal::proto::ReconcileOperationRequest {
-            namespace: String::new(),
-            operation_key: PAYMENT_KEY.into(),
-        })
+        .reconcile("", PAYMENT_KEY)
         .await
         .unwrap()
-        .into_inner()
         .operation
         .unwrap();
     assert!(reconciled.review_required_at.is_some());
@@ -650,15 +644,7 @@ async fn an_operators_reconcile_never_runs_beside_a_workers_lookup(pool: PgPool)
     );
     let tick = tokio::spawn(async move { worker.tick().await.unwrap() });
     entered.notified().await;
-    let err = app
-        .reconciler
-        .clone()
-        .reconcile_operation(opjournal::proto::ReconcileOperationRequest {
-            namespace: String::new(),
-            operation_key: PAYMENT_KEY.into(),
-        })
-        .await
-        .unwrap_err();
+    let err = app.reconcile("", PAYMENT_KEY).await.unwrap_err();
     assert_eq!(
         (err.code(), reason(&err).as_str()),
         (Code::FailedPrecondition, "RECONCILE_IN_PROGRESS")

@@ -5,9 +5,7 @@
 mod common;
 
 use common::*;
-use opjournal::proto::{
-    GetOperationRequest, ListOperationsRequest, OperationStatus, ReconcileOperationRequest,
-};
+use opjournal::proto::{GetOperationRequest, ListOperationsRequest, OperationStatus};
 use sqlx::PgPool;
 use tonic::Code;
 use tonic_health::pb::HealthCheckRequest;
@@ -73,27 +71,11 @@ async fn unknown_operations_are_not_found_with_a_reason(pool: PgPool) {
         (err.code(), reason(&err).as_str()),
         (Code::NotFound, "OPERATION_NOT_FOUND")
     );
-    let err = app
-        .reconciler
-        .clone()
-        .reconcile_operation(ReconcileOperationRequest {
-            namespace: String::new(),
-            operation_key: "nope".into(),
-        })
-        .await
-        .unwrap_err();
+    let err = app.reconcile("", "nope").await.unwrap_err();
     assert_eq!(reason(&err), "OPERATION_NOT_FOUND");
     // A live lease is not reconcilable.
     app.begin("live", "create_payment", "{}").await.unwrap();
-    let err = app
-        .reconciler
-        .clone()
-        .reconcile_operation(ReconcileOperationRequest {
-            namespace: String::new(),
-            operation_key: "live".into(),
-        })
-        .await
-        .unwrap_err();
+    let err = app.reconcile("", "live").await.unwrap_err();
     assert_eq!(
         (err.code(), reason(&err).as_str()),
         (Code::FailedPrecondition, "OPERATION_NOT_RECONCILABLE")

@@ -386,6 +386,22 @@ impl TestApp {
             .unwrap()
     }
 
+    /// ReconcileOperation on `key` in `namespace` (empty = default).
+    pub async fn reconcile(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<proto::ReconcileOperationResponse, tonic::Status> {
+        self.reconciler
+            .clone()
+            .reconcile_operation(proto::ReconcileOperationRequest {
+                namespace: namespace.into(),
+                operation_key: key.into(),
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
     pub async fn report_unknown(&self, token: &str) -> proto::Operation {
         self.journal
             .clone()
