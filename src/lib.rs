@@ -10,6 +10,7 @@
 pub mod api;
 pub mod app;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod domain;
 pub mod journal;

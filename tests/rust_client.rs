@@ -1,0 +1,306 @@
+//! The typed Rust client and its `execute` helper (the article's `executeOperation`), over
+//! the real gRPC server, Postgres and the HTTP sandbox provider. The proof is the count of
+//! effects at the provider.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use opjournal::client::{
+    Begun, ErrorReason, Executed, Intent, JournalClient, ProviderCall, ProviderOutcome,
+};
+use opjournal::proto::OperationStatus;
+use serde_json::json;
+use sqlx::PgPool;
+use tonic::Code;
+
+fn client(app: &TestApp) -> JournalClient {
+    JournalClient::new(app.channel.clone())
+}
+
+fn payment(key: &str, amount_minor: u64) -> Intent {
+    Intent::new(
+        key,
+        "create_payment",
+        json!({"amount_minor": amount_minor, "currency": "EUR", "order_id": "817"}),
+    )
+    .with_reference("order_id", "817")
+}
+
+/// Charges through the sandbox and classifies the answer the way the article asks: only a
+/// confirmed decline is a rejection; a timeout or a 5xx is uncertain.
+async fn charge(
+    sandbox_url: &str,
+    call: &ProviderCall,
+    amount_minor: u64,
+    fault: Option<&str>,
+) -> ProviderOutcome {
+    opjournal::app::install_crypto_provider();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let mut request = http
+        .post(format!("{sandbox_url}/v1/payments"))
+        .header("Idempotency-Key", &call.provider_key)
+        .json(&json!({"amount_minor": amount_minor, "currency": "EUR", "order_id": "817"}));
+    if let Some(fault) = fault {
+        request = request.header("X-Sandbox-Fault", fault);
+    }
+    let Ok(response) = request.send().await else {
+        return ProviderOutcome::Uncertain {
+            error_code: Some("timeout".into()),
+        };
+    };
+    match response.status().as_u16() {
+        200 | 201 => {
+            let body: serde_json::Value = response.json().await.unwrap();
+            ProviderOutcome::Succeeded {
+                external_id: body["id"].as_str().map(str::to_owned),
+                result: Some(body),
+            }
+        }
+        402 => ProviderOutcome::Rejected {
+            error_code: "card_declined".into(),
+        },
+        _ => ProviderOutcome::Uncertain {
+            error_code: Some("provider_error".into()),
+        },
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn execute_calls_once_then_replays_without_calling(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let client = client(&app);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let run = || {
+        let calls = calls.clone();
+        let url = app.sandbox_url.clone();
+        client.execute(payment(PAYMENT_KEY, 1000), move |call| async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            charge(&url, &call, 1000, None).await
+        })
+    };
+
+    let first = run().await.unwrap();
+    let Executed::Succeeded {
+        operation,
+        replayed: false,
+    } = first
+    else {
+        panic!("expected a fresh success, got {first:?}");
+    };
+    assert!(
+        operation
+            .external_id
+            .as_deref()
+            .unwrap()
+            .starts_with("pay_")
+    );
+
+    let second = run().await.unwrap();
+    let Executed::Succeeded {
+        operation: replayed,
+        replayed: true,
+    } = second
+    else {
+        panic!("expected a replay, got {second:?}");
+    };
+    assert_eq!(replayed.external_id, operation.external_id);
+    assert_eq!(replayed.result_json, operation.result_json);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(app.counts(PAYMENT_KEY).effects, 1);
+    assert_eq!(app.counts(PAYMENT_KEY).requests, 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_lost_answer_becomes_verification_required_and_is_never_sent_again(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let client = client(&app);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let run = |fault: Option<&'static str>| {
+        let calls = calls.clone();
+        let url = app.sandbox_url.clone();
+        client.execute(payment(PAYMENT_KEY, 1000), move |call| async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            charge(&url, &call, 1000, fault).await
+        })
+    };
+
+    let first = run(Some("commit-then-timeout")).await.unwrap();
+    let Executed::VerificationRequired { operation } = first else {
+        panic!("expected verification required, got {first:?}");
+    };
+    assert_eq!(operation.status, OperationStatus::Unknown as i32);
+    assert_eq!(operation.error_code.as_deref(), Some("timeout"));
+
+    // The retry does not call: the journal says verify first.
+    let again = run(None).await.unwrap();
+    assert!(
+        matches!(again, Executed::VerificationRequired { .. }),
+        "{again:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(app.counts(PAYMENT_KEY).requests, 1);
+
+    // Reconcile finds the effect; now the same execute replays it.
+    let reconciled = client.reconcile("", PAYMENT_KEY).await.unwrap();
+    assert_eq!(
+        reconciled.operation.unwrap().status,
+        OperationStatus::Succeeded as i32
+    );
+    let replay = run(None).await.unwrap();
+    assert!(
+        matches!(replay, Executed::Succeeded { replayed: true, .. }),
+        "{replay:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(app.counts(PAYMENT_KEY).effects, 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_confirmed_decline_is_final_and_replays_as_failed(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let client = client(&app);
+    let url = app.sandbox_url.clone();
+    let first = client
+        .execute(payment(PAYMENT_KEY, 1000), |call| async move {
+            charge(&url, &call, 1000, Some("reject")).await
+        })
+        .await
+        .unwrap();
+    let Executed::FailedFinal {
+        operation,
+        replayed: false,
+    } = first
+    else {
+        panic!("expected failed_final, got {first:?}");
+    };
+    assert_eq!(operation.error_code.as_deref(), Some("card_declined"));
+
+    let second = client
+        .execute(payment(PAYMENT_KEY, 1000), |_| async {
+            panic!("a replay must not call the provider")
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(second, Executed::FailedFinal { replayed: true, .. }),
+        "{second:?}"
+    );
+    assert_eq!(app.counts(PAYMENT_KEY).effects, 0);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn another_payload_under_the_key_is_a_typed_conflict_without_a_call(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let client = client(&app);
+    let url = app.sandbox_url.clone();
+    client
+        .execute(payment(PAYMENT_KEY, 1000), |call| async move {
+            charge(&url, &call, 1000, None).await
+        })
+        .await
+        .unwrap();
+
+    let error = client
+        .execute(payment(PAYMENT_KEY, 9999), |_| async {
+            panic!("a conflict must not call the provider")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, Code::AlreadyExists);
+    assert_eq!(error.reason, ErrorReason::IdempotencyKeyReused);
+    assert_eq!(app.counts(PAYMENT_KEY).requests, 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_stale_holder_gets_a_typed_lease_lost(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let client = client(&app);
+    let intent = Intent::new(
+        PAYMENT_KEY,
+        "create_payment_dedup",
+        json!({"amount_minor": 1000, "currency": "EUR"}),
+    )
+    .with_lease(Duration::from_secs(1));
+    let Begun::Execute { lease: stale, .. } = client.begin(&intent).await.unwrap() else {
+        panic!("expected execute");
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The provider deduplicates by key, so the action may be claimed again: attempt 2.
+    let Begun::Execute { operation, .. } = client.begin(&intent).await.unwrap() else {
+        panic!("expected a second lease");
+    };
+    assert_eq!(operation.attempt_count, 2);
+
+    let error = client
+        .complete(&stale, Some("pay_stale"), None)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, Code::Aborted);
+    assert_eq!(error.reason, ErrorReason::LeaseLost);
+    let row = app.get(PAYMENT_KEY).await;
+    assert_eq!(row.status, OperationStatus::InProgress as i32);
+    assert_eq!(row.external_id, None);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_lease_is_renewed_while_a_long_call_runs(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let client = client(&app);
+    let intent = payment(PAYMENT_KEY, 1000).with_lease(Duration::from_secs(3));
+    let url = app.sandbox_url.clone();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let long_call = client.execute(intent.clone(), |call| async move {
+        started_tx.send(()).unwrap();
+        release_rx.await.unwrap();
+        charge(&url, &call, 1000, None).await
+    });
+    let observer = async {
+        started_rx.await.unwrap();
+        // Twice the lease length: without renewal the lease would have ended long ago.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let seen = client.begin(&intent).await.unwrap();
+        release_tx.send(()).unwrap();
+        seen
+    };
+    let (executed, seen) = tokio::join!(long_call, observer);
+    assert!(matches!(seen, Begun::InProgress { .. }), "{seen:?}");
+    assert!(
+        matches!(
+            executed.unwrap(),
+            Executed::Succeeded {
+                replayed: false,
+                ..
+            }
+        ),
+        "the holder could still report"
+    );
+    assert_eq!(app.counts(PAYMENT_KEY).effects, 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_panicking_call_is_reported_unknown(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let client = client(&app);
+    let outcome = tokio::spawn(async move {
+        client
+            .execute(payment(PAYMENT_KEY, 1000), |_| async {
+                panic!("the provider SDK blew up")
+            })
+            .await
+    })
+    .await;
+    assert!(outcome.unwrap_err().is_panic());
+    let row = app.get(PAYMENT_KEY).await;
+    assert_eq!(row.status, OperationStatus::Unknown as i32);
+    assert_eq!(row.error_code.as_deref(), Some("client_panic"));
+}
