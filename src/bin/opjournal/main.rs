@@ -9,6 +9,8 @@ use opjournal::config::Config;
 use opjournal::ops::OpsCommand;
 use opjournal::{api, app, ops};
 
+mod demo;
+
 #[derive(Parser)]
 #[command(
     version,
@@ -23,6 +25,9 @@ struct Cli {
 enum Command {
     /// Serve the OperationJournal and Reconciler gRPC services.
     Serve(ServeFlags),
+    /// Run the source article's seven-step check live: server, sandbox provider and
+    /// reconcile worker on free local ports; exit code 0 only if every step holds.
+    Demo(demo::DemoFlags),
     /// Create the database if missing and apply migrations, then exit.
     Migrate(CommonFlags),
     /// Validate the configuration and the policy file without starting.
@@ -52,6 +57,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(flags) => serve(flags).await.map(|()| ExitCode::SUCCESS),
+        Command::Demo(flags) => demo::run(flags).await,
         Command::Migrate(flags) => {
             let config = Config::load(flags.config.as_ref(), &flags)?;
             app::init_tracing(config.log_format);
