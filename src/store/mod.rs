@@ -1,14 +1,20 @@
 //! Persistence of the journal behind one trait, so that every backend honours one contract:
 //! atomic register-and-claim, compare-and-set transitions, database-clock leases.
 //!
+//! Two backends implement it: [`PgStore`] (Postgres, any number of servers and workers) and
+//! [`SqliteStore`] (one embedded file, one node). [`Database`] picks one from the URL's
+//! scheme and carries what only a backend can do: prepare its schema and close.
+//!
 //! Every method is a single statement (one round trip, one commit): no transaction is ever
 //! held open across anything slow. Methods that change a row take the state the caller
 //! read and return `None` when the row no longer matches it; the caller decides what that
 //! means.
 
 pub mod postgres;
+pub mod sqlite;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,6 +30,114 @@ use crate::domain::model::{
 };
 
 pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+
+/// The storage backend a database URL selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `sqlite:` (e.g. `sqlite://opjournal-data/journal.db`): the embedded journal file.
+    Sqlite,
+}
+
+impl Backend {
+    /// The backend of `url`, by its scheme; `None` for any other scheme.
+    pub fn of_url(url: &str) -> Option<Self> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Self::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Some(Self::Sqlite)
+        } else {
+            None
+        }
+    }
+
+    /// `postgres` or `sqlite`, for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// The journal's database, of either backend.
+#[derive(Debug, Clone)]
+pub enum Database {
+    /// Postgres.
+    Postgres(PgStore),
+    /// The embedded SQLite file.
+    Sqlite(SqliteStore),
+}
+
+impl From<PgStore> for Database {
+    fn from(store: PgStore) -> Self {
+        Self::Postgres(store)
+    }
+}
+
+impl From<SqliteStore> for Database {
+    fn from(store: SqliteStore) -> Self {
+        Self::Sqlite(store)
+    }
+}
+
+impl Database {
+    /// A lazily connecting pool of at most `max_connections` on `url`, of the backend its
+    /// scheme selects (see [`Backend::of_url`]). Nothing is connected, created or migrated
+    /// yet.
+    ///
+    /// Errors: an unknown scheme or a URL that does not parse (the message never repeats
+    /// the URL, which may hold a password).
+    pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        match Backend::of_url(url) {
+            Some(Backend::Postgres) => PgStore::connect_lazy(url, max_connections).map(Self::from),
+            Some(Backend::Sqlite) => {
+                SqliteStore::connect_lazy(url, max_connections).map(Self::from)
+            }
+            None => Err(StoreError::Other(
+                "database_url must start with postgres://, postgresql:// or sqlite:".into(),
+            )),
+        }
+    }
+
+    /// Which backend this is.
+    pub fn backend(&self) -> Backend {
+        match self {
+            Self::Postgres(_) => Backend::Postgres,
+            Self::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// The store, shared by the journal and the reconcile path.
+    pub fn store(&self) -> Arc<dyn JournalStore> {
+        match self {
+            Self::Postgres(store) => Arc::new(store.clone()),
+            Self::Sqlite(store) => Arc::new(store.clone()),
+        }
+    }
+
+    /// Applies pending migrations of this backend; on SQLite, first creates the file and
+    /// its directory if missing. (Creating a missing Postgres database needs its URL: see
+    /// `app::prepare_database`.)
+    ///
+    /// Errors: the database cannot be reached (`Unavailable`) or a migration fails.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match self {
+            Self::Postgres(store) => store.migrate().await,
+            Self::Sqlite(store) => store.prepare().await,
+        }
+    }
+
+    /// Closes the pool, waiting for statements in flight.
+    pub async fn close(&self) {
+        match self {
+            Self::Postgres(store) => store.pool().close().await,
+            Self::Sqlite(store) => store.pool().close().await,
+        }
+    }
+}
 
 /// A storage failure, split by what the caller can do about it.
 #[derive(Debug, thiserror::Error)]
