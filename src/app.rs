@@ -14,7 +14,7 @@ use crate::domain::policy::{Policy, PolicyError};
 use crate::journal::{Journal, RequestLimits};
 use crate::reconcile::adapter::AdapterError;
 use crate::reconcile::{AdapterSet, Reconciler};
-use crate::store::{JournalStore, PgStore, StoreError};
+use crate::store::{Database, JournalStore, StoreError};
 
 /// Why a process could not start.
 #[derive(Debug, thiserror::Error)]
@@ -42,8 +42,10 @@ pub enum StartError {
 /// The journal's parts, built from a configuration.
 #[derive(Clone)]
 pub struct Components {
-    /// The Postgres store.
-    pub store: PgStore,
+    /// The database (Postgres or the embedded SQLite file): migrations and closing.
+    pub database: Database,
+    /// The store the journal and the reconcile path share.
+    pub store: Arc<dyn JournalStore>,
     /// The journal use cases.
     pub journal: Journal,
     /// The reconcile path.
@@ -60,14 +62,15 @@ pub fn load_policy(config: &Config) -> Result<Policy, PolicyError> {
     }
 }
 
-/// Builds the components; connects lazily, so the database may still be down.
+/// Builds the components; connects lazily, so the database may still be down (and, on
+/// SQLite, the file may not exist yet: see [`prepare_database`]).
 ///
 /// Errors: invalid policy, adapter or database URL.
 pub fn build(config: &Config) -> Result<Components, StartError> {
     let policy = Arc::new(load_policy(config)?);
     let adapters = AdapterSet::from_policy(&policy)?;
-    let store = PgStore::connect_lazy(&config.database_url, config.max_connections)?;
-    let mut parts = components_with_limits(store, policy, adapters, config.request_limits());
+    let database = Database::connect_lazy(&config.database_url, config.max_connections)?;
+    let mut parts = components_with_limits(database, policy, adapters, config.request_limits());
     if let Some(secret) = &config.key_derivation_secret {
         let deriver = KeyDeriver::new(secret.expose().as_bytes())?;
         parts.journal = parts.journal.with_key_deriver(deriver);
@@ -75,23 +78,32 @@ pub fn build(config: &Config) -> Result<Components, StartError> {
     Ok(parts)
 }
 
-/// Assembles components over an existing store, with the default request limits.
-pub fn components(store: PgStore, policy: Arc<Policy>, adapters: AdapterSet) -> Components {
-    components_with_limits(store, policy, adapters, RequestLimits::default())
+/// Assembles components over an existing database (a [`PgStore`](crate::store::PgStore),
+/// a [`SqliteStore`](crate::store::SqliteStore) or a [`Database`]), with the default request
+/// limits.
+pub fn components(
+    database: impl Into<Database>,
+    policy: Arc<Policy>,
+    adapters: AdapterSet,
+) -> Components {
+    components_with_limits(database, policy, adapters, RequestLimits::default())
 }
 
-/// Assembles components over an existing store, with `limits`.
+/// Assembles components over an existing database, with `limits`.
 pub fn components_with_limits(
-    store: PgStore,
+    database: impl Into<Database>,
     policy: Arc<Policy>,
     adapters: AdapterSet,
     limits: RequestLimits,
 ) -> Components {
-    let shared: Arc<dyn JournalStore> = Arc::new(store.clone());
+    let database = database.into();
+    let store = database.store();
     Components {
-        journal: Journal::new(shared.clone(), policy.clone(), limits.clone()),
-        reconciler: Reconciler::new(shared, policy, adapters, default_actor()).with_limits(limits),
+        journal: Journal::new(store.clone(), policy.clone(), limits.clone()),
+        reconciler: Reconciler::new(store.clone(), policy, adapters, default_actor())
+            .with_limits(limits),
         store,
+        database,
     }
 }
 
@@ -151,20 +163,45 @@ pub fn default_actor() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-/// Creates the database named in `url` if it does not exist, then applies migrations.
+/// Creates the database named in `url` if it does not exist, then applies migrations. On
+/// Postgres the database is created through the `postgres` maintenance database; on SQLite
+/// the file and its directory are created, and several processes may prepare one file at
+/// once.
 ///
-/// Errors: the database cannot be reached or a migration fails.
-pub async fn prepare_database(url: &str, store: &PgStore) -> Result<(), StoreError> {
-    let exists = sqlx::Postgres::database_exists(url)
-        .await
-        .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
-    if !exists {
-        sqlx::Postgres::create_database(url)
-            .await
-            .map_err(|e| StoreError::Other(Box::new(e)))?;
-        tracing::info!("created the journal database");
+/// Errors: the database cannot be reached or created, or a migration fails.
+pub async fn prepare_database(url: &str, database: &Database) -> Result<(), StoreError> {
+    match database {
+        Database::Postgres(_) => {
+            let exists = sqlx::Postgres::database_exists(url)
+                .await
+                .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+            if !exists {
+                sqlx::Postgres::create_database(url)
+                    .await
+                    .map_err(|e| StoreError::Other(Box::new(e)))?;
+                tracing::info!("created the journal database");
+            }
+        }
+        Database::Sqlite(store) => {
+            if !store.file().exists() {
+                tracing::info!(file = %store.file().display(), "creating the journal file");
+            }
+        }
     }
-    store.migrate().await
+    database.migrate().await
+}
+
+/// Logs which backend holds the journal; for the embedded file, where it is and what it is
+/// for.
+pub fn log_database(database: &Database) {
+    match database {
+        Database::Postgres(_) => tracing::info!(backend = "postgres", "journal on Postgres"),
+        Database::Sqlite(store) => tracing::info!(
+            backend = "sqlite",
+            file = %store.file().display(),
+            "journal in an embedded SQLite file: for one node only (see docs/storage.md)"
+        ),
+    }
 }
 
 /// Installs ring as the process's rustls crypto provider (HTTPS to providers), once; a

@@ -14,7 +14,8 @@ pub struct CommonFlags {
     #[arg(long, env = "OPJOURNAL_CONFIG")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Postgres URL (default: postgres://postgres@127.0.0.1:5432/opjournal).
+    /// Database URL: postgres://… for Postgres, sqlite://PATH for an embedded journal file
+    /// (default: sqlite://opjournal-data/journal.db).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub database_url: Option<String>,
@@ -39,7 +40,8 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
-    /// Create the database if missing and apply migrations before serving.
+    /// Create the database if missing and apply migrations before serving (Postgres; the
+    /// embedded SQLite journal is always prepared at start).
     #[arg(long)]
     #[serde(
         rename = "migrate_on_start",

@@ -13,6 +13,7 @@ use crate::domain::access::{NamespaceScope, Principal, Role, TokenDigest, TokenR
 use crate::domain::derived_key::MIN_SECRET_BYTES;
 use crate::domain::model::Namespace;
 use crate::journal::RequestLimits;
+use crate::store::Backend;
 
 /// Settings of the server and of the reconcile worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -20,12 +21,14 @@ use crate::journal::RequestLimits;
 pub struct Config {
     /// gRPC listen address (`OPJOURNAL_LISTEN`).
     pub listen: SocketAddr,
-    /// Postgres URL (`OPJOURNAL_DATABASE_URL`).
+    /// Where the journal lives (`OPJOURNAL_DATABASE_URL`): `postgres://…` (or
+    /// `postgresql://…`) for Postgres, `sqlite://PATH` for the embedded journal file (one
+    /// node; see docs/storage.md). Default: [`DEFAULT_DATABASE_URL`].
     pub database_url: String,
     /// Action policy file, YAML (`OPJOURNAL_POLICY_FILE`); without one every action type is
     /// allowed and timeouts are reconciled before retry.
     pub policy_file: Option<PathBuf>,
-    /// Largest database pool (`OPJOURNAL_MAX_CONNECTIONS`).
+    /// Largest database pool per process (`OPJOURNAL_MAX_CONNECTIONS`).
     pub max_connections: u32,
     /// Seconds between readiness checks of the database.
     pub readiness_interval_seconds: f64,
@@ -33,7 +36,8 @@ pub struct Config {
     pub drain_delay_seconds: f64,
     /// Log format: `text` or `json` (`OPJOURNAL_LOG_FORMAT`).
     pub log_format: LogFormat,
-    /// Create the database if missing and apply migrations before serving.
+    /// Create the database if missing and apply migrations before serving (Postgres; the
+    /// embedded SQLite journal is always prepared at start).
     pub migrate_on_start: bool,
     /// Reconcile worker: seconds between polls when idle.
     pub reconcile_poll_seconds: f64,
@@ -167,7 +171,7 @@ impl Default for Config {
         let limits = RequestLimits::default();
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
-            database_url: "postgres://postgres@127.0.0.1:5432/opjournal".to_owned(),
+            database_url: DEFAULT_DATABASE_URL.to_owned(),
             policy_file: None,
             max_connections: 10,
             readiness_interval_seconds: 2.0,
@@ -194,6 +198,10 @@ impl Default for Config {
         }
     }
 }
+
+/// The journal when no `database_url` is configured: an embedded SQLite file under the
+/// working directory, created with its directory at start (zero setup, one node).
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://opjournal-data/journal.db";
 
 /// Deepest `max_json_depth` accepted: the JSON parser recurses once per level.
 pub const MAX_JSON_DEPTH: usize = 128;
@@ -276,9 +284,7 @@ impl Config {
         if self.purge_batch_size < 1 {
             return Err(ConfigError("purge_batch_size: must be at least 1".into()));
         }
-        if self.database_url.is_empty() {
-            return Err(ConfigError("database_url: must be set".into()));
-        }
+        self.validate_database_url()?;
         self.validate_limits()?;
         self.validate_tls()?;
         self.token_registry()?;
@@ -290,6 +296,25 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    /// The URL's scheme picks the backend; a `sqlite:` URL must name a writable file. The
+    /// message never repeats the URL, which may hold a password.
+    fn validate_database_url(&self) -> Result<(), ConfigError> {
+        match Backend::of_url(&self.database_url) {
+            Some(Backend::Postgres) => Ok(()),
+            Some(Backend::Sqlite) => crate::store::sqlite::parse_url(&self.database_url)
+                .map(|_| ())
+                .map_err(|e| ConfigError(format!("database_url: {e}"))),
+            None if self.database_url.is_empty() => {
+                Err(ConfigError("database_url: must be set".into()))
+            }
+            None => Err(ConfigError(
+                "database_url: must start with postgres://, postgresql:// or sqlite: \
+                 (e.g. sqlite://opjournal-data/journal.db)"
+                    .into(),
+            )),
+        }
     }
 
     fn validate_limits(&self) -> Result<(), ConfigError> {
@@ -392,6 +417,41 @@ mod tests {
         );
         assert!(!format!("{config:?}").contains(secret));
         assert!(format!("{config:?}").contains("[redacted]"));
+    }
+
+    #[test]
+    fn without_a_database_url_the_journal_is_an_embedded_file() {
+        let config = load("").unwrap();
+        assert_eq!(config.database_url, "sqlite://opjournal-data/journal.db");
+        assert_eq!(Backend::of_url(&config.database_url), Some(Backend::Sqlite));
+    }
+
+    #[test]
+    fn the_database_url_scheme_selects_the_backend_or_is_refused() {
+        for (url, backend) in [
+            ("postgres://u@h:5432/db", Backend::Postgres),
+            ("postgresql://u@h/db", Backend::Postgres),
+            ("sqlite:///var/lib/opjournal/journal.db", Backend::Sqlite),
+            ("sqlite://data/journal.db", Backend::Sqlite),
+        ] {
+            let config = load(&format!("database_url = \"{url}\"\n")).unwrap();
+            assert_eq!(
+                Backend::of_url(&config.database_url),
+                Some(backend),
+                "{url}"
+            );
+        }
+        for (url, says) in [
+            ("mysql://u:secret@h/db", "must start with postgres://"),
+            ("sqlite::memory:", "in-memory"),
+            ("sqlite://journal.db?mode=ro", "writable"),
+            ("", "must be set"),
+        ] {
+            let err = load(&format!("database_url = \"{url}\"\n")).unwrap_err();
+            assert!(err.to_string().contains("database_url"), "{err}");
+            assert!(err.to_string().contains(says), "{url}: {err}");
+            assert!(!err.to_string().contains("secret"), "{err}");
+        }
     }
 
     #[test]

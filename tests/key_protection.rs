@@ -455,7 +455,6 @@ roles = ["reviewer"]
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn keys_registered_before_the_screening_or_the_pattern_still_get_their_answer(pool: PgPool) {
-    use opjournal::store::JournalStore as _;
     // Registered before the screening existed: written straight into the store.
     let app = TestApp::spawn(pool.clone()).await;
     let old_key = "pay:alice@example.com:1";

@@ -1,6 +1,8 @@
 //! `opjournal-reconciler`: the reconcile worker. Sweeps expired leases into unknown, looks
 //! unknown operations up through each action's provider adapter, and escalates what cannot
-//! be proven to human review. Run any number of replicas.
+//! be proven to human review. Run any number of replicas on Postgres; on the embedded SQLite
+//! journal, run it beside the server on the same machine and file (it prepares the file if
+//! the server has not yet).
 
 use std::net::SocketAddr;
 
@@ -9,6 +11,7 @@ use clap::Parser;
 use opjournal::cli::CommonFlags;
 use opjournal::config::Config;
 use opjournal::reconcile::worker::{Worker, WorkerConfig};
+use opjournal::store::Backend;
 use opjournal::{api, app};
 use serde::Serialize;
 
@@ -37,6 +40,12 @@ async fn main() -> anyhow::Result<()> {
     let config = Config::load(cli.common.config.as_ref(), &cli)?;
     app::init_tracing(config.log_format);
     let parts = app::build(&config)?;
+    app::log_database(&parts.database);
+    if parts.database.backend() == Backend::Sqlite {
+        app::prepare_database(&config.database_url, &parts.database)
+            .await
+            .context("prepare the journal file")?;
+    }
     let worker = Worker::new(
         parts.reconciler,
         WorkerConfig {
@@ -71,10 +80,8 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {}", config.reconciler_health_listen))?;
         let address = listener.local_addr()?;
         println!("opjournal-reconciler health on {address}");
-        let store: std::sync::Arc<dyn opjournal::store::JournalStore> =
-            std::sync::Arc::new(parts.store.clone());
         let health = tokio::spawn(api::serve_health(
-            store,
+            parts.store.clone(),
             listener,
             Config::seconds(config.readiness_interval_seconds),
             shutdown.clone(),
@@ -84,6 +91,6 @@ async fn main() -> anyhow::Result<()> {
         health.await??;
         tracing::info!("reconcile worker stopped");
     }
-    parts.store.pool().close().await;
+    parts.database.close().await;
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! The reconcile worker loop: sweep expired leases into `unknown`, claim due operations, look
-//! each up once. Any number of replicas may run: claims use `FOR UPDATE SKIP LOCKED` and
-//! push the next check past a hold time, so two replicas never look one operation up at once.
+//! each up once. Any number of replicas may run: a claim is one statement that pushes the
+//! next check past a hold time (with `FOR UPDATE SKIP LOCKED` on Postgres; under SQLite's
+//! single write lock on the embedded file), so two replicas never look one operation up at
+//! once.
 
 use std::time::Duration;
 

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use opjournal::cli::{CommonFlags, ServeFlags};
 use opjournal::config::Config;
 use opjournal::ops::OpsCommand;
+use opjournal::store::Backend;
 use opjournal::{api, app, ops};
 
 mod demo;
@@ -28,7 +29,8 @@ enum Command {
     /// Run the source article's seven-step check live: server, sandbox provider and
     /// reconcile worker on free local ports; exit code 0 only if every step holds.
     Demo(demo::DemoFlags),
-    /// Create the database if missing and apply migrations, then exit.
+    /// Create the database (Postgres) or the journal file (SQLite) if missing and apply
+    /// migrations, then exit.
     Migrate(CommonFlags),
     /// Validate the configuration and the policy file without starting.
     CheckConfig(CommonFlags),
@@ -62,10 +64,10 @@ async fn main() -> anyhow::Result<ExitCode> {
             let config = Config::load(flags.config.as_ref(), &flags)?;
             app::init_tracing(config.log_format);
             let parts = app::build(&config)?;
-            app::prepare_database(&config.database_url, &parts.store)
+            app::prepare_database(&config.database_url, &parts.database)
                 .await
                 .context("migrate")?;
-            println!("migrations applied");
+            println!("migrations applied ({})", parts.database.backend().name());
             Ok(ExitCode::SUCCESS)
         }
         Command::Purge(flags) => {
@@ -73,12 +75,13 @@ async fn main() -> anyhow::Result<ExitCode> {
             app::init_tracing(config.log_format);
             let parts = app::build(&config)?;
             let purged = opjournal::reconcile::worker::purge(
-                &parts.store,
+                parts.store.as_ref(),
                 flags.batch_size.unwrap_or(config.purge_batch_size),
                 flags.max_batches,
             )
             .await
             .context("purge")?;
+            parts.database.close().await;
             println!("purged {purged} operations past retention");
             Ok(ExitCode::SUCCESS)
         }
@@ -100,8 +103,10 @@ async fn serve(flags: ServeFlags) -> anyhow::Result<()> {
     app::install_crypto_provider();
     let parts = app::build(&config)?;
     let options = app::serve_options(&config)?;
-    if config.migrate_on_start {
-        app::prepare_database(&config.database_url, &parts.store)
+    app::log_database(&parts.database);
+    // The embedded journal needs no setup: its file and schema are made at start.
+    if config.migrate_on_start || parts.database.backend() == Backend::Sqlite {
+        app::prepare_database(&config.database_url, &parts.database)
             .await
             .context("migrate on start")?;
     }
@@ -114,7 +119,7 @@ async fn serve(flags: ServeFlags) -> anyhow::Result<()> {
     app::log_security(&config, &options);
     let shutdown = app::shutdown_on_signals();
     api::serve(parts.journal, parts.reconciler, listener, options, shutdown).await?;
-    parts.store.pool().close().await;
+    parts.database.close().await;
     tracing::info!("stopped");
     Ok(())
 }
