@@ -169,7 +169,7 @@ async fn the_same_key_in_two_tenants_is_two_operations(pool: PgPool) {
         "SELECT namespace, status FROM agent_operations WHERE operation_key = 'order-1' \
          ORDER BY namespace",
     )
-    .fetch_all(&app.pool)
+    .fetch_all(app.pool())
     .await
     .unwrap();
     assert_eq!(
@@ -473,7 +473,7 @@ async fn a_missing_or_wrong_token_is_unauthenticated(pool: PgPool) {
     }
     // Nothing was registered by any of these calls.
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM agent_operations")
-        .fetch_one(&app.pool)
+        .fetch_one(app.pool())
         .await
         .unwrap();
     assert_eq!(rows, 0);

@@ -1,5 +1,6 @@
 //! The journal's rules over real gRPC and Postgres: concurrency, conflicts, fencing tokens,
-//! lease expiry and retried reports.
+//! lease expiry and retried reports. The concurrent Begins run on the embedded SQLite journal
+//! as well.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -76,7 +77,16 @@ async fn report_unknown(app: &TestApp, token: &str) -> Result<Operation, tonic::
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn fifty_concurrent_begins_on_one_new_key_grant_exactly_one_lease(pool: PgPool) {
-    let app = TestApp::spawn(pool).await;
+    fifty_concurrent_begins(&TestApp::spawn(pool).await).await;
+}
+
+#[tokio::test]
+async fn fifty_concurrent_begins_on_the_embedded_journal_grant_exactly_one_lease() {
+    fifty_concurrent_begins(&TestApp::spawn_sqlite().await).await;
+}
+
+/// 50 Begins of one new key at once over gRPC: one EXECUTE, 49 IN_PROGRESS, one row.
+async fn fifty_concurrent_begins(app: &TestApp) {
     let mut tasks = Vec::new();
     for _ in 0..50 {
         let mut client = app.journal.clone();
@@ -107,7 +117,7 @@ async fn fifty_concurrent_begins_on_one_new_key_grant_exactly_one_lease(pool: Pg
     }
     assert_eq!((execute, in_progress), (1, 49));
     assert_eq!(app.rows_for(KEY).await, 1);
-    assert_eq!(get(&app, KEY).await.attempt_count, 1);
+    assert_eq!(get(app, KEY).await.attempt_count, 1);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
@@ -389,7 +399,7 @@ async fn leases_are_clamped_and_renewed_on_the_database_clock(pool: PgPool) {
     let broken =
         sqlx::query("UPDATE agent_operations SET lease_until = NULL WHERE operation_key = $1")
             .bind(KEY)
-            .execute(&app.pool)
+            .execute(app.pool())
             .await;
     assert!(broken.is_err());
 }

@@ -27,11 +27,11 @@ const SECRET: &str = "test-secret-0123456789abcdef0123456789";
 
 async fn table_rows(app: &TestApp) -> (i64, i64) {
     let operations = sqlx::query_scalar("SELECT COUNT(*) FROM agent_operations")
-        .fetch_one(&app.pool)
+        .fetch_one(app.pool())
         .await
         .unwrap();
     let events = sqlx::query_scalar("SELECT COUNT(*) FROM operation_events")
-        .fetch_one(&app.pool)
+        .fetch_one(app.pool())
         .await
         .unwrap();
     (operations, events)

@@ -235,7 +235,7 @@ async fn purge_deletes_only_terminal_operations_past_retention(pool: PgPool) {
         .await
         .unwrap();
     sqlx::query("UPDATE agent_operations SET status = 'pending', lease_until = NULL WHERE operation_key = 'old:pending'")
-        .execute(&app.pool)
+        .execute(app.pool())
         .await
         .unwrap();
     drop(pending);
@@ -246,7 +246,7 @@ async fn purge_deletes_only_terminal_operations_past_retention(pool: PgPool) {
              purge_after = purge_after - interval '60 days' \
          WHERE operation_key LIKE 'old:%'",
     )
-    .execute(&app.pool)
+    .execute(app.pool())
     .await
     .unwrap();
 
@@ -267,7 +267,7 @@ async fn purge_deletes_only_terminal_operations_past_retention(pool: PgPool) {
     assert!(stdout.contains("purged 2 operations"), "{stdout}");
 
     let mut left: Vec<String> = sqlx::query_scalar("SELECT operation_key FROM agent_operations")
-        .fetch_all(&app.pool)
+        .fetch_all(app.pool())
         .await
         .unwrap();
     left.sort();
@@ -286,7 +286,7 @@ async fn purge_deletes_only_terminal_operations_past_retention(pool: PgPool) {
     let orphan_events: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM operation_events WHERE operation_key IN ('old:succeeded', 'old:failed')",
     )
-    .fetch_one(&app.pool)
+    .fetch_one(app.pool())
     .await
     .unwrap();
     assert_eq!(orphan_events, 0, "the history goes with the operation");

@@ -88,7 +88,7 @@ adapters:
     .unwrap();
     let policy = Arc::new(policy);
     let adapters = AdapterSet::from_policy(&policy).unwrap();
-    let store: Arc<dyn JournalStore> = Arc::new(PgStore::new(app.pool.clone()));
+    let store: Arc<dyn JournalStore> = Arc::new(PgStore::new(app.pool().clone()));
     let worker = Worker::new(
         Reconciler::new(store, policy, adapters, "worker-py"),
         WorkerConfig::default(),
@@ -97,7 +97,7 @@ adapters:
     let history = sqlx::query_scalar::<_, Option<String>>(
         "SELECT reason FROM operation_events ORDER BY event_id",
     )
-    .fetch_all(&app.pool)
+    .fetch_all(app.pool())
     .await
     .unwrap();
     assert_eq!(

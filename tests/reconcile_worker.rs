@@ -276,7 +276,7 @@ async fn a_completion_by_the_holder_during_a_reconcile_stands(pool: PgPool) {
             gate: gate.clone(),
         }),
     );
-    let store: Arc<dyn JournalStore> = Arc::new(PgStore::new(app.pool.clone()));
+    let store: Arc<dyn JournalStore> = Arc::new(PgStore::new(app.pool().clone()));
     let worker = Worker::new(
         Reconciler::new(store, policy, adapters, "worker-a"),
         WorkerConfig::default(),
@@ -522,7 +522,7 @@ fn worker_with_adapter(
     let mut adapters = AdapterSet::from_policy(&policy).unwrap();
     let inner = adapters.get("sandbox_payments").unwrap().clone();
     adapters.insert("sandbox_payments", wrap(inner));
-    let store: Arc<dyn JournalStore> = Arc::new(PgStore::new(app.pool.clone()));
+    let store: Arc<dyn JournalStore> = Arc::new(PgStore::new(app.pool().clone()));
     Worker::new(Reconciler::new(store, policy, adapters, name), config)
 }
 

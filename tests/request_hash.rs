@@ -12,7 +12,7 @@ use tonic::Code;
 
 async fn row_count(app: &TestApp) -> i64 {
     sqlx::query_scalar("SELECT COUNT(*) FROM agent_operations")
-        .fetch_one(&app.pool)
+        .fetch_one(app.pool())
         .await
         .unwrap()
 }

@@ -1,5 +1,6 @@
-//! The source article's reproducible check, step by step, over real gRPC, Postgres and the
-//! sandbox provider. The proof is the provider's effect count, not any response text.
+//! The source article's reproducible check, step by step, over real gRPC, the sandbox
+//! provider and each storage backend: Postgres and the embedded SQLite journal file. The
+//! proof is the provider's effect count, not any response text.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -18,7 +19,25 @@ async fn the_seven_step_check_holds_with_reconcile_operation(pool: PgPool) {
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn the_seven_step_check_holds_with_the_reconcile_worker_binary(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    lose_the_response(&app).await;
+    run_with_the_worker_binary(&app).await;
+}
+
+#[tokio::test]
+async fn the_seven_step_check_holds_on_the_embedded_journal_with_reconcile_operation() {
+    let app = TestApp::spawn_sqlite().await;
+    run_with_reconcile_operation(&app).await;
+}
+
+/// The worker binary is a second process on the server's journal file.
+#[tokio::test]
+async fn the_seven_step_check_holds_on_the_embedded_journal_with_the_reconcile_worker_binary() {
+    let app = TestApp::spawn_sqlite().await;
+    run_with_the_worker_binary(&app).await;
+}
+
+/// All seven steps, settling step 5 with one poll of the `opjournal-reconciler` binary.
+async fn run_with_the_worker_binary(app: &TestApp) {
+    lose_the_response(app).await;
 
     // 5. The worker binary, on its own, against the same database and provider.
     let dir = tempfile::tempdir().unwrap();
@@ -42,5 +61,5 @@ async fn the_seven_step_check_holds_with_the_reconcile_worker_binary(pool: PgPoo
     );
     assert!(stdout.contains("looked_up=1 settled=1"), "{stdout}");
 
-    check_exactly_one_effect_and_the_conflict(&app).await;
+    check_exactly_one_effect_and_the_conflict(app).await;
 }

@@ -1,5 +1,5 @@
-//! Test harness: the real gRPC server on port 0 over a fresh Postgres database, and the real
-//! HTTP sandbox provider on port 0.
+//! Test harness: the real gRPC server on port 0 over a fresh Postgres database (or a fresh
+//! embedded SQLite journal file), and the real HTTP sandbox provider on port 0.
 
 #![allow(dead_code, clippy::unwrap_used, missing_docs)]
 
@@ -19,7 +19,7 @@ use opjournal::proto::reconciler_client::ReconcilerClient;
 use opjournal::proto::{self, BeginOperationRequest, BeginOperationResponse, Decision};
 use opjournal::reconcile::AdapterSet;
 use opjournal::sandbox::{self, KeyCounts, Sandbox, SandboxConfig};
-use opjournal::store::PgStore;
+use opjournal::store::{Database, PgStore, SqliteStore};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
@@ -27,6 +27,73 @@ use tonic::transport::{Channel, ClientTlsConfig, ServerTlsConfig};
 use tonic_types::StatusExt as _;
 
 pub const PAYMENT_KEY: &str = "payment:order-817:intent-01";
+
+/// The database under a test app: a fresh Postgres database, or a fresh SQLite journal file
+/// in a temporary directory (removed when the last clone goes).
+#[derive(Clone)]
+pub enum TestDb {
+    Postgres(PgPool),
+    Sqlite {
+        store: SqliteStore,
+        url: String,
+        dir: Arc<tempfile::TempDir>,
+    },
+}
+
+impl TestDb {
+    /// A new journal file, prepared the way `opjournal serve` prepares it.
+    pub async fn sqlite() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("data/journal.db").display());
+        let store = SqliteStore::connect_lazy(&url, 10).unwrap();
+        store.prepare().await.unwrap();
+        Self::Sqlite {
+            store,
+            url,
+            dir: Arc::new(dir),
+        }
+    }
+
+    /// The database as the server builds it.
+    pub fn database(&self) -> Database {
+        match self {
+            Self::Postgres(pool) => PgStore::new(pool.clone()).into(),
+            Self::Sqlite { store, .. } => store.clone().into(),
+        }
+    }
+
+    /// A connection URL for this database, for child processes.
+    pub fn url(&self) -> String {
+        match self {
+            Self::Postgres(pool) => {
+                let options = pool.connect_options();
+                format!(
+                    "postgres://{}@{}:{}/{}",
+                    options.get_username(),
+                    options.get_host(),
+                    options.get_port(),
+                    options.get_database().unwrap()
+                )
+            }
+            Self::Sqlite { url, .. } => url.clone(),
+        }
+    }
+}
+
+/// Runs `$body` with `$pool` bound to the pool of a [`TestDb`], whichever the backend: for
+/// SQL both dialects accept (`$1` parameters, no backend functions).
+macro_rules! on_pool {
+    ($db:expr, |$pool:ident| $body:expr) => {
+        match $db {
+            $crate::common::TestDb::Postgres($pool) => $body,
+            $crate::common::TestDb::Sqlite { store, .. } => {
+                let $pool = store.pool();
+                $body
+            }
+        }
+    };
+}
+pub(crate) use on_pool;
 
 /// Writes a test policy for the sandbox's URL.
 pub type PolicyWriter = dyn Fn(&str) -> String + Send + Sync;
@@ -74,7 +141,7 @@ pub struct TestApp {
     pub journal: OperationJournalClient<Channel>,
     pub reconciler: ReconcilerClient<Channel>,
     pub parts: Components,
-    pub pool: PgPool,
+    pub db: TestDb,
     pub sandbox_url: String,
     pub sandbox: Sandbox,
     pub policy_yaml: String,
@@ -153,6 +220,17 @@ impl TestApp {
         Self::spawn_with(pool, SandboxConfig::default(), 0).await
     }
 
+    /// The app over a fresh embedded SQLite journal file.
+    pub async fn spawn_sqlite() -> Self {
+        Self::spawn_on(
+            TestDb::sqlite().await,
+            SandboxConfig::default(),
+            0,
+            SpawnOptions::default(),
+        )
+        .await
+    }
+
     pub async fn spawn_with(pool: PgPool, sandbox_config: SandboxConfig, grace: u32) -> Self {
         Self::spawn_full(pool, sandbox_config, grace, SpawnOptions::default()).await
     }
@@ -184,6 +262,16 @@ impl TestApp {
         grace: u32,
         options: SpawnOptions,
     ) -> Self {
+        Self::spawn_on(TestDb::Postgres(pool), sandbox_config, grace, options).await
+    }
+
+    /// The app over `db`, whichever the backend.
+    pub async fn spawn_on(
+        db: TestDb,
+        sandbox_config: SandboxConfig,
+        grace: u32,
+        options: SpawnOptions,
+    ) -> Self {
         app::install_crypto_provider();
         let (sandbox_url, sandbox) = sandbox::spawn(sandbox_config).await.unwrap();
         let policy_yaml = match &options.policy {
@@ -192,12 +280,8 @@ impl TestApp {
         };
         let policy = Arc::new(Policy::parse(&policy_yaml, "test-policy.yaml").unwrap());
         let adapters = AdapterSet::from_policy(&policy).unwrap();
-        let mut parts = app::components_with_limits(
-            PgStore::new(pool.clone()),
-            policy,
-            adapters,
-            options.limits.clone(),
-        );
+        let mut parts =
+            app::components_with_limits(db.database(), policy, adapters, options.limits.clone());
         if let Some(secret) = &options.key_secret {
             let deriver = opjournal::domain::derived_key::KeyDeriver::new(secret.as_bytes());
             parts.journal = parts.journal.with_key_deriver(deriver.unwrap());
@@ -238,7 +322,7 @@ impl TestApp {
             journal: OperationJournalClient::new(channel.clone()),
             reconciler: ReconcilerClient::new(channel),
             parts,
-            pool,
+            db,
             sandbox_url,
             sandbox,
             policy_yaml,
@@ -261,14 +345,15 @@ impl TestApp {
 
     /// A connection URL for this test's database, for child processes.
     pub fn database_url(&self) -> String {
-        let options = self.pool.connect_options();
-        format!(
-            "postgres://{}@{}:{}/{}",
-            options.get_username(),
-            options.get_host(),
-            options.get_port(),
-            options.get_database().unwrap()
-        )
+        self.db.url()
+    }
+
+    /// The Postgres pool of this test's database, for SQL only Postgres speaks.
+    pub fn pool(&self) -> &PgPool {
+        match &self.db {
+            TestDb::Postgres(pool) => pool,
+            TestDb::Sqlite { .. } => panic!("this test reads Postgres directly"),
+        }
     }
 
     pub async fn begin(
@@ -357,8 +442,7 @@ impl TestApp {
     pub fn worker(&self, name: &str) -> opjournal::reconcile::worker::Worker {
         let policy = Arc::new(Policy::parse(&self.policy_yaml, "test-policy.yaml").unwrap());
         let adapters = AdapterSet::from_policy(&policy).unwrap();
-        let store: Arc<dyn opjournal::store::JournalStore> =
-            Arc::new(PgStore::new(self.pool.clone()));
+        let store = self.db.database().store();
         let reconciler = opjournal::reconcile::Reconciler::new(store, policy, adapters, name);
         opjournal::reconcile::worker::Worker::new(
             reconciler,
@@ -422,11 +506,13 @@ impl TestApp {
 
     /// Rows per key, the article's audit query.
     pub async fn rows_for(&self, key: &str) -> i64 {
-        sqlx::query_scalar("SELECT COUNT(*) FROM agent_operations WHERE operation_key = $1")
-            .bind(key)
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
+        on_pool!(&self.db, |pool| {
+            sqlx::query_scalar("SELECT COUNT(*) FROM agent_operations WHERE operation_key = $1")
+                .bind(key)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        })
     }
 
     pub async fn stop(self) {

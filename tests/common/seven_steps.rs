@@ -1,5 +1,6 @@
 //! The source article's seven-step check, shared by the tests that run it over plaintext,
-//! TLS and mutual TLS. The proof is the provider's effect count, not any response text.
+//! TLS and mutual TLS, on Postgres and on the embedded SQLite journal. The proof is the
+//! provider's effect count, not any response text.
 
 use opjournal::proto::{
     self, Decision, OperationStatus, ReconcileAction, ReconcileOperationRequest,
@@ -37,12 +38,13 @@ pub async fn lose_the_response(app: &TestApp) {
         op_status(unknown.operation.as_ref().unwrap()),
         OperationStatus::Unknown
     );
-    let status: String =
+    let status: String = on_pool!(&app.db, |pool| {
         sqlx::query_scalar("SELECT status FROM agent_operations WHERE operation_key = $1")
             .bind(PAYMENT_KEY)
-            .fetch_one(&app.pool)
+            .fetch_one(pool)
             .await
-            .unwrap();
+            .unwrap()
+    });
     assert_eq!(status, "unknown");
     // 4. Retry with the same key and parameters: verify first, no provider call.
     let retry = app
@@ -109,29 +111,34 @@ pub async fn check_exactly_one_effect_and_the_conflict(app: &TestApp) {
         }
     );
 
-    // The article's audit queries, as written.
-    let (key, status, attempts, ext): (String, String, i32, Option<String>) = sqlx::query_as(
-        "SELECT operation_key, status, attempt_count, external_id
-         FROM agent_operations
-         WHERE operation_key = 'payment:order-817:intent-01'",
-    )
-    .fetch_one(&app.pool)
-    .await
-    .unwrap();
+    // The article's audit queries, as written (the same text on Postgres and SQLite).
+    let (key, status, attempts, ext): (String, String, i32, Option<String>) =
+        on_pool!(&app.db, |pool| {
+            sqlx::query_as(
+                "SELECT operation_key, status, attempt_count, external_id
+                 FROM agent_operations
+                 WHERE operation_key = 'payment:order-817:intent-01'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        });
     assert_eq!(
         (key.as_str(), status.as_str(), attempts),
         (PAYMENT_KEY, "succeeded", 1)
     );
     assert_eq!(ext.as_deref(), Some(external_id.as_str()));
-    let duplicates: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT operation_key, COUNT(*) AS rows_per_key
-         FROM agent_operations
-         GROUP BY operation_key
-         HAVING COUNT(*) > 1",
-    )
-    .fetch_all(&app.pool)
-    .await
-    .unwrap();
+    let duplicates: Vec<(String, i64)> = on_pool!(&app.db, |pool| {
+        sqlx::query_as(
+            "SELECT operation_key, COUNT(*) AS rows_per_key
+             FROM agent_operations
+             GROUP BY operation_key
+             HAVING COUNT(*) > 1",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    });
     assert!(duplicates.is_empty());
 }
 

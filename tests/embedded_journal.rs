@@ -1,0 +1,347 @@
+//! The embedded SQLite journal as a user meets it: `opjournal serve` with no configuration at
+//! all keeps its journal in a local file; the reconcile worker, `migrate`, `purge` and
+//! `check-config` work on that file; processes share it safely; a writer that holds the file
+//! too long makes Begin retryable, never half-done. Behaviour shared with Postgres is in
+//! tests/store_conformance.rs.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use opjournal::proto::operation_journal_client::OperationJournalClient;
+use opjournal::proto::{BeginOperationRequest, Decision};
+use opjournal::store::{JournalStore, SqliteStore, StoreError};
+use sqlx::Connection as _;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+/// A command of one of the binaries, run in `dir` with no `OPJOURNAL_*` setting inherited.
+fn binary(name: &str, dir: &Path) -> Command {
+    let path = match name {
+        "opjournal" => env!("CARGO_BIN_EXE_opjournal"),
+        "opjournal-reconciler" => env!("CARGO_BIN_EXE_opjournal-reconciler"),
+        other => panic!("no binary {other}"),
+    };
+    let mut command = Command::new(path);
+    command.current_dir(dir).env("RUST_LOG", "warn");
+    for (variable, _) in std::env::vars() {
+        if variable.starts_with("OPJOURNAL_") {
+            command.env_remove(variable);
+        }
+    }
+    command
+}
+
+/// Runs a binary to completion: (success, stdout, stderr).
+async fn run(name: &str, dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let output = binary(name, dir).args(args).output().await.unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `opjournal serve` in `dir` on port 0, with nothing but `args`; returns it and its address.
+async fn serve(dir: &Path, args: &[&str]) -> (Child, String) {
+    let mut child = binary("opjournal", dir)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the server printed its address")
+        .unwrap()
+        .unwrap();
+    assert!(line.contains("opjournal listening on"), "{line}");
+    let address = line.rsplit(' ').next().unwrap().to_owned();
+    let started = Instant::now();
+    loop {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let status = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: "readiness".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        if status == ServingStatus::Serving as i32 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "never ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (child, address)
+}
+
+async fn terminate(mut child: Child) {
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("the server stops on SIGTERM")
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+}
+
+async fn begin(address: &str, key: &str) -> Result<Decision, tonic::Status> {
+    let mut client = OperationJournalClient::connect(format!("http://{address}"))
+        .await
+        .unwrap();
+    client
+        .begin_operation(BeginOperationRequest {
+            operation_key: key.into(),
+            action_type: "create_payment".into(),
+            payload_json: PAY_817.into(),
+            ..Default::default()
+        })
+        .await
+        .map(|r| decision(r.get_ref()))
+}
+
+#[tokio::test]
+async fn serve_with_no_configuration_keeps_its_journal_in_a_local_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("opjournal-data/journal.db");
+    assert!(!file.exists());
+
+    let (server, address) = serve(dir.path(), &[]).await;
+    assert!(
+        file.exists(),
+        "the default journal file was created with its directory"
+    );
+    assert_eq!(
+        begin(&address, PAYMENT_KEY).await.unwrap(),
+        Decision::Execute
+    );
+    terminate(server).await;
+
+    // A restart finds the operation: its lease (30 s) is still live.
+    let (server, address) = serve(dir.path(), &[]).await;
+    assert_eq!(
+        begin(&address, PAYMENT_KEY).await.unwrap(),
+        Decision::InProgress
+    );
+
+    // The other commands find the same file by default, while the server runs.
+    let (ok, stdout, stderr) = run("opjournal-reconciler", dir.path(), &["--once"]).await;
+    assert!(ok, "{stdout} {stderr}");
+    assert!(stdout.contains("swept=0"), "{stdout}");
+    let (ok, stdout, stderr) = run("opjournal", dir.path(), &["purge"]).await;
+    assert!(ok, "{stdout} {stderr}");
+    assert!(stdout.contains("purged 0 operations"), "{stdout}");
+    let (ok, stdout, stderr) = run("opjournal", dir.path(), &["migrate"]).await;
+    assert!(ok, "{stdout} {stderr}");
+    assert!(stdout.contains("migrations applied (sqlite)"), "{stdout}");
+    let (ok, stdout, stderr) = run("opjournal", dir.path(), &["check-config"]).await;
+    assert!(ok, "{stdout} {stderr}");
+    terminate(server).await;
+
+    let store = SqliteStore::connect_lazy(&format!("sqlite://{}", file.display()), 1).unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM agent_operations")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}
+
+#[tokio::test]
+async fn the_worker_prepares_the_file_and_shares_it_with_the_server() {
+    // The worker started first, on a file that does not exist yet.
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, stdout, stderr) = run("opjournal-reconciler", dir.path(), &["--once"]).await;
+    assert!(ok, "{stdout} {stderr}");
+    assert!(dir.path().join("opjournal-data/journal.db").exists());
+    let (server, address) = serve(dir.path(), &[]).await;
+    assert_eq!(begin(&address, "k").await.unwrap(), Decision::Execute);
+    terminate(server).await;
+}
+
+#[tokio::test]
+async fn migrate_creates_the_file_and_processes_may_prepare_one_file_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("a/b/journal.db").display());
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        let url = url.clone();
+        let dir = dir.path().to_owned();
+        runs.push(tokio::spawn(async move {
+            run("opjournal", &dir, &["migrate", "--database-url", &url]).await
+        }));
+    }
+    for task in runs {
+        let (ok, stdout, stderr) = task.await.unwrap();
+        assert!(ok, "{stdout} {stderr}");
+        assert!(stdout.contains("migrations applied (sqlite)"), "{stdout}");
+    }
+    let store = SqliteStore::connect_lazy(&url, 1).unwrap();
+    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    let known: Vec<i64> = opjournal::store::sqlite::SQLITE_MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(applied, known, "each migration applied once");
+}
+
+#[tokio::test]
+async fn the_file_is_in_wal_mode_with_full_sync_and_a_busy_timeout() {
+    let db = TestDb::sqlite().await;
+    let TestDb::Sqlite { store, .. } = &db else {
+        unreachable!()
+    };
+    let mut conn = store.pool().acquire().await.unwrap();
+    let journal_mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let foreign_keys: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let busy_timeout: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(journal_mode, "wal");
+    assert_eq!(synchronous, 2, "FULL");
+    assert_eq!(foreign_keys, 1);
+    assert_eq!(busy_timeout, 5000);
+}
+
+#[tokio::test]
+async fn a_missing_file_is_not_ready_and_is_not_created_by_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("journal.db");
+    let store = SqliteStore::connect_lazy(&format!("sqlite://{}", file.display()), 2).unwrap();
+    assert!(matches!(
+        store.ping().await,
+        Err(StoreError::Unavailable(_))
+    ));
+    assert!(!file.exists());
+    store.prepare().await.unwrap();
+    store.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_file_from_a_newer_version_is_refused() {
+    let db = TestDb::sqlite().await;
+    let TestDb::Sqlite { store, .. } = &db else {
+        unreachable!()
+    };
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
+             execution_time) VALUES (99991231000001, 'from the future', TRUE, x'00', 0)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let refused = store.prepare().await.unwrap_err();
+    assert!(matches!(refused, StoreError::Other(_)), "{refused:?}");
+}
+
+#[tokio::test]
+async fn check_config_accepts_both_backends_and_refuses_others() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "sqlite://data/journal.db",
+        "sqlite:///var/lib/opjournal/journal.db",
+        "postgres://opjournal@db.internal:5432/opjournal",
+        "postgresql://opjournal@db.internal/opjournal",
+    ] {
+        let (ok, stdout, stderr) = run(
+            "opjournal",
+            dir.path(),
+            &["check-config", "--database-url", url],
+        )
+        .await;
+        assert!(ok, "{url}: {stdout} {stderr}");
+        assert!(
+            stdout.contains("configuration and policy are valid"),
+            "{stdout}"
+        );
+    }
+    assert!(
+        !dir.path().join("data").exists(),
+        "check-config creates nothing"
+    );
+    for (url, says) in [
+        (
+            "mysql://root:hunter2@db/opjournal",
+            "must start with postgres://",
+        ),
+        ("sqlite::memory:", "in-memory"),
+    ] {
+        let (ok, stdout, stderr) = run(
+            "opjournal",
+            dir.path(),
+            &["check-config", "--database-url", url],
+        )
+        .await;
+        assert!(!ok, "{url}: {stdout}");
+        assert!(stderr.contains("database_url"), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+}
+
+/// A Begin that cannot get the write lock within the busy timeout is answered UNAVAILABLE /
+/// STORE_UNAVAILABLE with nothing written, and goes through once the lock is released.
+#[tokio::test]
+async fn a_begin_blocked_by_another_writer_is_retryable_and_writes_nothing() {
+    let app = TestApp::spawn_sqlite().await;
+    let TestDb::Sqlite { url, .. } = &app.db else {
+        unreachable!()
+    };
+    // Another process holds the write lock.
+    let mut other = sqlx::SqliteConnection::connect(url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let refused = app
+        .begin(PAYMENT_KEY, "create_payment", PAY_817)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable);
+    assert_eq!(reason(&refused), "STORE_UNAVAILABLE");
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    assert_eq!(app.rows_for(PAYMENT_KEY).await, 0);
+    let begin = app
+        .begin(PAYMENT_KEY, "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert_eq!(decision(&begin), Decision::Execute);
+    assert_eq!(app.rows_for(PAYMENT_KEY).await, 1);
+}

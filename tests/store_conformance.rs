@@ -1,0 +1,1326 @@
+//! The storage conformance suite: one set of cases, each run against Postgres
+//! (`postgres::<case>`, a fresh database per case) and against the embedded SQLite journal
+//! (`sqlite::<case>`, a fresh file per case), with identical expectations. It pins what the
+//! rest of the service relies on: atomic register-and-claim, compare-and-set on the state the
+//! caller read, leases measured by the database clock, one history entry per transition with
+//! its actor, batch claims that never overlap (a second pool on the same database stands for a
+//! second process), the sweep, retention, and the database refusing what no code path may do.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{TestDb, on_pool};
+use opjournal::domain::canonical::RequestHash;
+use opjournal::domain::lease::LeaseToken;
+use opjournal::domain::model::{
+    ActionType, ActorKind, Attribution, ErrorCode, ExternalId, Namespace, OperationKey,
+    OperationRecord, Status,
+};
+use opjournal::domain::policy::Policy;
+use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
+use opjournal::store::{Database, JournalStore, ListQuery, NewOperation, Resolution, Settlement};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// One backend under test: its store, and its database for the few changes no store method
+/// makes (ageing rows, attempts to break the rules).
+struct Fixture {
+    db: TestDb,
+    store: Arc<dyn JournalStore>,
+}
+
+impl Fixture {
+    fn postgres(pool: PgPool) -> Self {
+        let db = TestDb::Postgres(pool);
+        Self {
+            store: db.database().store(),
+            db,
+        }
+    }
+
+    async fn sqlite() -> Self {
+        let db = TestDb::sqlite().await;
+        Self {
+            store: db.database().store(),
+            db,
+        }
+    }
+
+    /// Another pool on the same database, as a second process would open it.
+    fn second_store(&self) -> Arc<dyn JournalStore> {
+        Database::connect_lazy(&self.db.url(), 5).unwrap().store()
+    }
+
+    /// The same change in each dialect; `Err` when the database refuses it.
+    async fn execute(&self, postgres: &str, sqlite: &str) -> Result<u64, sqlx::Error> {
+        let sql = match &self.db {
+            TestDb::Postgres(_) => postgres,
+            TestDb::Sqlite { .. } => sqlite,
+        };
+        on_pool!(&self.db, |pool| {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(pool)
+                .await
+                .map(|r| r.rows_affected())
+        })
+    }
+
+    /// SQL both dialects accept.
+    async fn execute_both(&self, sql: &str) -> Result<u64, sqlx::Error> {
+        self.execute(sql, sql).await
+    }
+
+    /// Moves the retention deadline of every terminal operation `days` into the past.
+    async fn age_retention(&self, days: u32) {
+        self.execute(
+            &format!(
+                "UPDATE agent_operations SET purge_after = purge_after - interval '{days} days' \
+                 WHERE purge_after IS NOT NULL"
+            ),
+            &format!(
+                "UPDATE agent_operations \
+                 SET purge_after = strftime('%Y-%m-%dT%H:%M:%fZ', purge_after, '-{days} days') \
+                 WHERE purge_after IS NOT NULL"
+            ),
+        )
+        .await
+        .unwrap();
+    }
+
+    async fn get(&self, key: &str) -> OperationRecord {
+        self.store
+            .get(&ns(), &OperationKey::parse(key).unwrap())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    async fn history(&self, key: &str) -> Vec<(Option<Status>, Status, i32, bool, Who)> {
+        self.store
+            .history(&ns(), &OperationKey::parse(key).unwrap(), 0, 1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                (
+                    e.from_status,
+                    e.to_status,
+                    e.attempt_count,
+                    e.review_required,
+                    (e.actor_kind, e.actor, e.reason),
+                )
+            })
+            .collect()
+    }
+
+    async fn register(&self, key: &str, lease: Duration) -> OperationRecord {
+        self.store
+            .insert_and_claim(&new_operation(key, lease))
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    /// A registered operation whose holder reported a timeout: unknown, due for a lookup now.
+    async fn unknown(&self, key: &str) -> OperationRecord {
+        let record = self.register(key, LEASE).await;
+        self.store
+            .settle(&token(&record), &timed_out())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+}
+
+type Who = (ActorKind, String, Option<String>);
+
+const LEASE: Duration = Duration::from_secs(30);
+const HOLD: Duration = Duration::from_secs(60);
+
+fn ns() -> Namespace {
+    Namespace::parse("").unwrap()
+}
+
+fn new_operation(key: &str, lease: Duration) -> NewOperation {
+    NewOperation {
+        namespace: ns(),
+        operation_key: OperationKey::parse(key).unwrap(),
+        action_type: ActionType::parse("create_payment").unwrap(),
+        request_hash: RequestHash::from_hex(&"a".repeat(64)).unwrap(),
+        references: BTreeMap::from([("order_id".to_owned(), "817".to_owned())]),
+        lease,
+        lease_id: Uuid::new_v4(),
+        action_policy: serde_json::json!({}),
+    }
+}
+
+fn token(record: &OperationRecord) -> LeaseToken {
+    LeaseToken {
+        namespace: record.namespace.clone(),
+        operation_key: record.operation_key.clone(),
+        attempt: record.attempt_count,
+        lease_id: record.lease_id.unwrap(),
+    }
+}
+
+fn timed_out() -> Settlement {
+    Settlement::Unknown {
+        error_code: ErrorCode::parse_optional("timeout").unwrap(),
+        first_check_after: Duration::ZERO,
+    }
+}
+
+fn succeeded(id: &str) -> Settlement {
+    Settlement::Succeeded {
+        external_id: ExternalId::parse_optional(id).unwrap(),
+        result_json: Some(format!(r#"{{"id":"{id}"}}"#)),
+    }
+}
+
+fn declined() -> Settlement {
+    Settlement::FailedFinal {
+        error_code: ErrorCode::parse_optional("card_declined").unwrap().unwrap(),
+    }
+}
+
+fn keys(records: &[OperationRecord]) -> Vec<&str> {
+    records.iter().map(|r| r.operation_key.as_str()).collect()
+}
+
+fn client(reason: &str) -> Who {
+    (ActorKind::Client, String::new(), Some(reason.to_owned()))
+}
+
+fn worker(name: &str, reason: &str) -> Who {
+    (ActorKind::Worker, name.to_owned(), Some(reason.to_owned()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration and leases
+
+async fn a_second_insert_of_a_key_changes_nothing(fx: &Fixture) {
+    fx.store.ping().await.unwrap();
+    let new = new_operation("k", LEASE);
+    let first = fx.store.insert_and_claim(&new).await.unwrap().unwrap();
+    assert_eq!((first.status, first.attempt_count), (Status::InProgress, 1));
+    assert_eq!(first.lease_id, Some(new.lease_id));
+    assert_eq!(first.references, new.references);
+    assert_eq!(first.action_type.as_str(), "create_payment");
+    assert_eq!(first.request_hash, new.request_hash);
+    assert_eq!(first.last_actor_kind, ActorKind::Client);
+    let mut again = new_operation("k", LEASE);
+    again.request_hash = RequestHash::from_hex(&"b".repeat(64)).unwrap();
+    assert!(fx.store.insert_and_claim(&again).await.unwrap().is_none());
+    let stored = fx.get("k").await;
+    assert_eq!(
+        OperationRecord {
+            observed_at: first.observed_at,
+            ..stored
+        },
+        first,
+        "the second insert left the row as the first wrote it"
+    );
+    assert_eq!(
+        fx.history("k").await,
+        [(None, Status::InProgress, 1, false, client("registered"))]
+    );
+}
+
+async fn leases_are_measured_by_the_database_clock(fx: &Fixture) {
+    // Every time of one statement comes from one reading of the database clock.
+    let record = fx.register("k", LEASE).await;
+    assert_eq!(record.created_at, record.observed_at);
+    assert_eq!(record.updated_at, record.observed_at);
+    assert_eq!(
+        record.lease_until.unwrap() - record.observed_at,
+        chrono::Duration::seconds(30)
+    );
+    let renewed = fx
+        .store
+        .renew(&token(&record), Duration::from_secs(90))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        renewed.lease_until.unwrap() - renewed.observed_at,
+        chrono::Duration::seconds(90)
+    );
+    assert!(renewed.observed_at >= record.observed_at);
+    assert_eq!(renewed.attempt_count, 1, "a renewal is not a new attempt");
+}
+
+async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) {
+    let ns = ns();
+    let live = fx.register("live", LEASE).await;
+    let short = fx.register("short", Duration::from_millis(200)).await;
+    // A live lease is neither taken over nor resolved.
+    assert!(
+        fx.store
+            .claim(
+                &ns,
+                &live.operation_key,
+                Status::InProgress,
+                1,
+                LEASE,
+                Uuid::new_v4()
+            )
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        fx.store
+            .resolve(
+                &live,
+                &Resolution::ReleaseForRetry,
+                &Attribution::worker("w", "x"),
+                false
+            )
+            .await
+            .unwrap()
+            .is_none()
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let ended = fx.get("short").await;
+    assert!(ended.lease_until.unwrap() <= ended.observed_at);
+    // An ended lease can be neither renewed nor kept, and may be taken over once.
+    assert!(
+        fx.store
+            .renew(&token(&short), LEASE)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let next_id = Uuid::new_v4();
+    let taken = fx
+        .store
+        .claim(
+            &ns,
+            &short.operation_key,
+            Status::InProgress,
+            1,
+            LEASE,
+            next_id,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((taken.attempt_count, taken.lease_id), (2, Some(next_id)));
+    // The first holder's late report is refused: a later attempt exists.
+    assert!(
+        fx.store
+            .settle(&token(&short), &succeeded("pay_1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        fx.history("short").await[1],
+        (
+            Some(Status::InProgress),
+            Status::InProgress,
+            2,
+            false,
+            client("reclaimed_with_same_key")
+        )
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compare-and-set
+
+async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fixture) {
+    let read = fx.unknown("k").await;
+    let (ns, key) = (read.namespace.clone(), read.operation_key.clone());
+
+    // A stale attempt claims nothing.
+    let stale = fx
+        .store
+        .claim(&ns, &key, Status::Unknown, 7, LEASE, Uuid::new_v4())
+        .await
+        .unwrap();
+    assert!(stale.is_none());
+    // The right one does, once.
+    let claimed = fx
+        .store
+        .claim(&ns, &key, Status::Unknown, 1, LEASE, Uuid::new_v4())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.attempt_count, 2);
+    assert!(
+        fx.store
+            .claim(&ns, &key, Status::Unknown, 1, LEASE, Uuid::new_v4())
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Back to unknown at attempt 2: a resolution computed from attempt 1 must not apply.
+    fx.store
+        .settle(&token(&claimed), &timed_out())
+        .await
+        .unwrap()
+        .unwrap();
+    let found = Attribution::worker("w", "found_succeeded");
+    let resolution = Resolution::Succeeded {
+        external_id: Some("pay_1".into()),
+        result_json: None,
+    };
+    assert!(
+        fx.store
+            .resolve(&read, &resolution, &found, true)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let current = fx.get("k").await;
+    assert_eq!(
+        (current.status, current.attempt_count),
+        (Status::Unknown, 2)
+    );
+    let settled = fx
+        .store
+        .resolve(&current, &resolution, &found, true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(settled.status, Status::Succeeded);
+    assert_eq!(settled.external_id.as_deref(), Some("pay_1"));
+    assert_eq!(settled.reconcile_attempts, 1);
+}
+
+async fn concurrent_claims_of_one_attempt_grant_one_lease(fx: &Fixture) {
+    let read = fx.unknown("k").await;
+    let second = fx.second_store();
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let store = if i % 2 == 0 {
+            fx.store.clone()
+        } else {
+            second.clone()
+        };
+        let (ns, key) = (read.namespace.clone(), read.operation_key.clone());
+        tasks.push(tokio::spawn(async move {
+            store
+                .claim(&ns, &key, Status::Unknown, 1, LEASE, Uuid::new_v4())
+                .await
+                .unwrap()
+        }));
+    }
+    let mut granted = Vec::new();
+    for task in tasks {
+        granted.extend(task.await.unwrap());
+    }
+    assert_eq!(granted.len(), 1, "exactly one claim wins");
+    let row = fx.get("k").await;
+    assert_eq!((row.attempt_count, row.lease_id), (2, granted[0].lease_id));
+    assert_eq!(fx.history("k").await.len(), 3);
+}
+
+async fn concurrent_reports_of_one_lease_apply_once(fx: &Fixture) {
+    let record = fx.register("k", LEASE).await;
+    let second = fx.second_store();
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let store = if i % 2 == 0 {
+            fx.store.clone()
+        } else {
+            second.clone()
+        };
+        let token = token(&record);
+        let report = if i % 4 < 2 {
+            succeeded("pay_1")
+        } else {
+            declined()
+        };
+        tasks.push(tokio::spawn(async move {
+            store.settle(&token, &report).await.unwrap()
+        }));
+    }
+    let mut applied = Vec::new();
+    for task in tasks {
+        applied.extend(task.await.unwrap());
+    }
+    assert_eq!(applied.len(), 1, "a lease holder's report applies once");
+    let row = fx.get("k").await;
+    assert_eq!(row.status, applied[0].status);
+    assert!(row.status.is_terminal());
+    assert_eq!(fx.history("k").await.len(), 2);
+}
+
+async fn a_holder_reports_once_even_after_the_sweep(fx: &Fixture) {
+    // Reported unknown: the same holder cannot report again.
+    let reported = fx.register("reported", LEASE).await;
+    fx.store
+        .settle(&token(&reported), &timed_out())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        fx.store
+            .settle(&token(&reported), &succeeded("pay_1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Swept into unknown without a report: the holder's late report still lands.
+    let silent = fx.register("silent", Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
+    let late = fx
+        .store
+        .settle(&token(&silent), &succeeded("pay_2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(late.status, Status::Succeeded);
+    assert_eq!(late.external_id.as_deref(), Some("pay_2"));
+    // A token of another lease id is refused.
+    let other = fx.register("other", LEASE).await;
+    let forged = LeaseToken {
+        lease_id: Uuid::new_v4(),
+        ..token(&other)
+    };
+    assert!(
+        fx.store
+            .settle(&forged, &succeeded("pay_3"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(fx.get("other").await.status, Status::InProgress);
+}
+
+async fn concurrent_resolutions_of_one_read_apply_once(fx: &Fixture) {
+    let read = fx.unknown("k").await;
+    let second = fx.second_store();
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let store = if i % 2 == 0 {
+            fx.store.clone()
+        } else {
+            second.clone()
+        };
+        let read = read.clone();
+        tasks.push(tokio::spawn(async move {
+            let resolution = if i % 3 == 0 {
+                Resolution::ReleaseForRetry
+            } else {
+                Resolution::Succeeded {
+                    external_id: Some(format!("pay_{i}")),
+                    result_json: None,
+                }
+            };
+            store
+                .resolve(
+                    &read,
+                    &resolution,
+                    &Attribution::worker(format!("w{i}"), "found"),
+                    true,
+                )
+                .await
+                .unwrap()
+        }));
+    }
+    let mut applied = Vec::new();
+    for task in tasks {
+        applied.extend(task.await.unwrap());
+    }
+    assert_eq!(applied.len(), 1);
+    assert_eq!(fx.get("k").await.status, applied[0].status);
+    assert_eq!(fx.history("k").await.len(), 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The database's own guarantees
+
+async fn terminal_rows_and_the_history_cannot_be_rewritten(fx: &Fixture) {
+    let read = fx.unknown("k").await;
+    fx.store
+        .resolve(
+            &read,
+            &Resolution::FailedFinal {
+                error_code: "card_declined".into(),
+            },
+            &Attribution::worker("w", "found_failed"),
+            true,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    fx.unknown("open").await;
+    for sql in [
+        "UPDATE agent_operations SET status = 'succeeded' WHERE operation_key = 'k'",
+        "UPDATE agent_operations SET error_code = 'other' WHERE operation_key = 'k'",
+        "UPDATE agent_operations SET external_id = 'pay_9' WHERE operation_key = 'k'",
+        "UPDATE agent_operations SET result_json = '{}' WHERE operation_key = 'k'",
+        "UPDATE agent_operations SET request_hash = 'bb' WHERE operation_key = 'k'",
+        "UPDATE operation_events SET reason = 'rewritten'",
+        "UPDATE agent_operations SET status = 'done' WHERE operation_key = 'open'",
+        "UPDATE agent_operations SET status = 'in_progress' WHERE operation_key = 'open'",
+        "UPDATE agent_operations SET last_actor_kind = 'robot' WHERE operation_key = 'open'",
+        "UPDATE agent_operations SET review_required_at = updated_at, status = 'pending' \
+         WHERE operation_key = 'open'",
+    ] {
+        assert!(fx.execute_both(sql).await.is_err(), "{sql}");
+    }
+    let row = fx.get("k").await;
+    assert_eq!(
+        (row.status, row.error_code.as_deref()),
+        (Status::FailedFinal, Some("card_declined"))
+    );
+    assert_eq!(fx.history("k").await.len(), 3);
+}
+
+async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
+    let read = fx.unknown("k").await;
+    // A lookup that learns nothing changes no status: counted, not a history entry.
+    let kept = fx
+        .store
+        .resolve(
+            &read,
+            &Resolution::KeepUnknown {
+                next_check_after: Duration::from_secs(5),
+            },
+            &Attribution::worker("w1", "not_found_yet"),
+            true,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.reconcile_attempts, 1);
+    assert_eq!(
+        kept.next_check_at.unwrap() - kept.observed_at,
+        chrono::Duration::seconds(5)
+    );
+    let escalated = fx
+        .store
+        .resolve(
+            &kept,
+            &Resolution::Escalate {
+                reason: "unresolved_after_deadline".into(),
+            },
+            &Attribution::worker("w2", "escalated"),
+            false,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(escalated.review_required_at, Some(escalated.observed_at));
+    assert_eq!(
+        escalated.review_reason.as_deref(),
+        Some("unresolved_after_deadline")
+    );
+    assert_eq!(escalated.next_check_at, None);
+    let reviewer = Attribution {
+        kind: ActorKind::Reviewer,
+        actor: "alice".into(),
+        reason: Some("confirmed in the provider's dashboard".into()),
+    };
+    let resolved = fx
+        .store
+        .resolve(
+            &escalated,
+            &Resolution::Succeeded {
+                external_id: Some("pay_1".into()),
+                result_json: Some(r#"{"id":"pay_1"}"#.into()),
+            },
+            &reviewer,
+            false,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resolved.review_required_at, None);
+    assert_eq!(resolved.last_actor_kind, ActorKind::Reviewer);
+    let history = fx.history("k").await;
+    assert_eq!(
+        history,
+        [
+            (None, Status::InProgress, 1, false, client("registered")),
+            (
+                Some(Status::InProgress),
+                Status::Unknown,
+                1,
+                false,
+                client("timeout")
+            ),
+            (
+                Some(Status::Unknown),
+                Status::Unknown,
+                1,
+                true,
+                worker("w2", "escalated")
+            ),
+            (
+                Some(Status::Unknown),
+                Status::Succeeded,
+                1,
+                false,
+                (
+                    ActorKind::Reviewer,
+                    "alice".into(),
+                    Some("confirmed in the provider's dashboard".into())
+                )
+            ),
+        ]
+    );
+    // Pages by event id, in order, with the database's times.
+    let key = OperationKey::parse("k").unwrap();
+    let all = fx.store.history(&ns(), &key, 0, 100).await.unwrap();
+    assert!(all.windows(2).all(|w| w[0].event_id < w[1].event_id));
+    assert!(all.windows(2).all(|w| w[0].occurred_at <= w[1].occurred_at));
+    assert_eq!(all[0].occurred_at, read.created_at);
+    assert_eq!(all[3].occurred_at, resolved.updated_at);
+    let page = fx
+        .store
+        .history(&ns(), &key, all[0].event_id, 2)
+        .await
+        .unwrap();
+    assert_eq!(page, all[1..3]);
+    assert!(
+        fx.store
+            .history(&ns(), &key, all[3].event_id, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+async fn a_release_for_retry_lets_the_next_begin_claim(fx: &Fixture) {
+    let read = fx.unknown("k").await;
+    let released = fx
+        .store
+        .resolve(
+            &read,
+            &Resolution::ReleaseForRetry,
+            &Attribution::worker("w", "proven_absent"),
+            true,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(released.status, Status::Pending);
+    assert_eq!(released.error_code.as_deref(), Some("released_for_retry"));
+    assert_eq!(released.lease_until, None);
+    let claimed = fx
+        .store
+        .claim(
+            &read.namespace,
+            &read.operation_key,
+            Status::Pending,
+            1,
+            LEASE,
+            Uuid::new_v4(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (claimed.status, claimed.attempt_count),
+        (Status::InProgress, 2)
+    );
+    assert_eq!(claimed.error_code, None);
+    assert_eq!(
+        fx.history("k").await[3],
+        (
+            Some(Status::Pending),
+            Status::InProgress,
+            2,
+            false,
+            client("claimed")
+        )
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reconcile path's claims and the sweep
+
+async fn a_claimed_due_operation_is_hidden_from_other_claims(fx: &Fixture) {
+    fx.unknown("k").await;
+    let claimed = fx.store.claim_due(10, HOLD).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(
+        claimed[0].next_check_at.unwrap() - claimed[0].observed_at,
+        chrono::Duration::seconds(60)
+    );
+    assert!(fx.store.claim_due(10, HOLD).await.unwrap().is_empty());
+    assert!(
+        fx.second_store()
+            .claim_due(10, HOLD)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        fx.store
+            .claim_for_reconcile(&ns(), &claimed[0].operation_key, HOLD)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn two_reconcile_claimers_never_claim_one_operation_twice(fx: &Fixture) {
+    for i in 0..40 {
+        fx.unknown(&format!("k{i:02}")).await;
+    }
+    let second = fx.second_store();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store = if i % 2 == 0 {
+            fx.store.clone()
+        } else {
+            second.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let batch = store.claim_due(3, HOLD).await.unwrap();
+                if batch.is_empty() {
+                    return mine;
+                }
+                mine.extend(batch.into_iter().map(|r| r.operation_key.to_string()));
+            }
+        }));
+    }
+    let mut claims = Vec::new();
+    for task in tasks {
+        claims.extend(task.await.unwrap());
+    }
+    let distinct: BTreeSet<_> = claims.iter().cloned().collect();
+    assert_eq!(claims.len(), 40, "every operation claimed exactly once");
+    assert_eq!(distinct.len(), 40);
+}
+
+async fn one_looker_at_a_time_on_request(fx: &Fixture) {
+    let read = fx.unknown("k").await;
+    let second = fx.second_store();
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let store = if i % 2 == 0 {
+            fx.store.clone()
+        } else {
+            second.clone()
+        };
+        let key = read.operation_key.clone();
+        tasks.push(tokio::spawn(async move {
+            store.claim_for_reconcile(&ns(), &key, HOLD).await.unwrap()
+        }));
+    }
+    let mut granted = Vec::new();
+    for task in tasks {
+        granted.extend(task.await.unwrap());
+    }
+    assert_eq!(granted.len(), 1);
+    assert!(fx.store.claim_due(10, HOLD).await.unwrap().is_empty());
+    // Resolving ends the reconcile lease: the next look may start.
+    fx.store
+        .resolve(
+            &granted[0],
+            &Resolution::KeepUnknown {
+                next_check_after: Duration::ZERO,
+            },
+            &Attribution::worker("w", "not_found_yet"),
+            true,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        fx.store
+            .claim_for_reconcile(&ns(), &read.operation_key, HOLD)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // A live lease is not for looking up.
+    let live = fx.register("live", LEASE).await;
+    assert!(
+        fx.store
+            .claim_for_reconcile(&ns(), &live.operation_key, HOLD)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn the_sweep_takes_only_ended_leases(fx: &Fixture) {
+    fx.register("live", Duration::from_secs(2)).await;
+    let ended = fx.register("ended", Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
+    assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 0);
+    assert_eq!(fx.get("live").await.status, Status::InProgress);
+    let swept = fx.get("ended").await;
+    assert_eq!(swept.status, Status::Unknown);
+    assert_eq!(swept.error_code.as_deref(), Some("lease_expired"));
+    assert_eq!(swept.unknown_since, ended.lease_until);
+    assert_eq!(swept.lease_until, None);
+    assert_eq!(swept.last_actor_kind, ActorKind::Worker);
+    assert_eq!(
+        fx.history("ended").await[1],
+        (
+            Some(Status::InProgress),
+            Status::Unknown,
+            1,
+            false,
+            worker("w", "lease_expired")
+        )
+    );
+    // Due for a lookup at once.
+    let due = fx.store.claim_due(10, HOLD).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].operation_key.as_str(), "ended");
+}
+
+async fn the_sweep_moves_at_most_a_batch(fx: &Fixture) {
+    for i in 0..5 {
+        fx.register(&format!("k{i}"), Duration::from_millis(100))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = fx.second_store();
+    let (a, b) = tokio::join!(
+        fx.store.sweep_expired_leases(2, "w1"),
+        second.sweep_expired_leases(2, "w2")
+    );
+    assert_eq!(a.unwrap() + b.unwrap(), 4);
+    assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
+    for i in 0..5 {
+        // One sweep event each: no row moved twice.
+        assert_eq!(fx.history(&format!("k{i}")).await.len(), 2);
+    }
+}
+
+async fn an_operation_under_review_is_never_claimed(fx: &Fixture) {
+    let read = fx.unknown("k").await;
+    let escalated = fx
+        .store
+        .resolve(
+            &read,
+            &Resolution::Escalate {
+                reason: "no_provider_lookup".into(),
+            },
+            &Attribution::worker("w", "escalated"),
+            false,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(escalated.review_required_at.is_some());
+    let claimed = fx
+        .store
+        .claim(
+            &read.namespace,
+            &read.operation_key,
+            Status::Unknown,
+            1,
+            LEASE,
+            Uuid::new_v4(),
+        )
+        .await
+        .unwrap();
+    assert!(claimed.is_none());
+    assert!(fx.store.claim_due(10, HOLD).await.unwrap().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads
+
+async fn lists_page_newest_first_with_filters(fx: &Fixture) {
+    for key in ["a", "b", "c", "d", "e", "f"] {
+        let record = fx.register(key, LEASE).await;
+        if key < "c" {
+            fx.store
+                .settle(&token(&record), &succeeded("pay_1"))
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    }
+    let query = |status: Option<Status>, after: Option<(chrono::DateTime<chrono::Utc>, String)>| {
+        ListQuery {
+            namespace: ns(),
+            status,
+            action_type: None,
+            after,
+            limit: 2,
+        }
+    };
+    let everything = fx
+        .store
+        .list(&ListQuery {
+            limit: 100,
+            ..query(None, None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(everything.len(), 6);
+    assert!(everything.windows(2).all(|w| {
+        (w[0].created_at, w[0].operation_key.as_str())
+            > (w[1].created_at, w[1].operation_key.as_str())
+    }));
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = fx.store.list(&query(None, after.clone())).await.unwrap();
+        let Some(last) = page.last() else { break };
+        after = Some((last.created_at, last.operation_key.to_string()));
+        paged.extend(page);
+    }
+    assert_eq!(keys(&paged), keys(&everything));
+    let done = fx
+        .store
+        .list(&ListQuery {
+            limit: 100,
+            ..query(Some(Status::Succeeded), None)
+        })
+        .await
+        .unwrap();
+    let keys: Vec<_> = done.iter().map(|r| r.operation_key.as_str()).collect();
+    assert_eq!(keys.len(), 2);
+    assert!(keys.contains(&"a") && keys.contains(&"b"));
+    let other_action = fx
+        .store
+        .list(&ListQuery {
+            action_type: Some(ActionType::parse("send_email").unwrap()),
+            limit: 100,
+            ..query(None, None)
+        })
+        .await
+        .unwrap();
+    assert!(other_action.is_empty());
+    let other_namespace = fx
+        .store
+        .list(&ListQuery {
+            namespace: Namespace::parse("tenant-b").unwrap(),
+            limit: 100,
+            ..query(None, None)
+        })
+        .await
+        .unwrap();
+    assert!(other_namespace.is_empty());
+}
+
+async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
+    for key in ["r3", "r1", "r2"] {
+        let read = fx.unknown(key).await;
+        fx.store
+            .resolve(
+                &read,
+                &Resolution::Escalate {
+                    reason: "no_provider_lookup".into(),
+                },
+                &Attribution::worker("w", "escalated"),
+                false,
+            )
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    fx.unknown("not-escalated").await;
+    let all = fx.store.list_review(&ns(), None, 100).await.unwrap();
+    assert_eq!(all.len(), 3);
+    assert!(all.windows(2).all(|w| {
+        (w[0].review_required_at, w[0].operation_key.as_str())
+            < (w[1].review_required_at, w[1].operation_key.as_str())
+    }));
+    let first = &all[0];
+    let rest = fx
+        .store
+        .list_review(
+            &ns(),
+            Some((
+                first.review_required_at.unwrap(),
+                first.operation_key.to_string(),
+            )),
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(keys(&rest), keys(&all[1..]));
+    assert!(
+        fx.store
+            .list_review(&Namespace::parse("tenant-b").unwrap(), None, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+async fn the_same_request_is_found_under_other_keys(fx: &Fixture) {
+    let hash = RequestHash::from_hex(&"a".repeat(64)).unwrap();
+    let action = ActionType::parse("create_payment").unwrap();
+    let find = |other_than: &'static str, window: Duration| {
+        let store = fx.store.clone();
+        let (hash, action) = (hash, action.clone());
+        async move {
+            store
+                .find_same_request(
+                    &ns(),
+                    &action,
+                    &hash,
+                    &OperationKey::parse(other_than).unwrap(),
+                    window,
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let window = Duration::from_secs(600);
+    assert_eq!(find("new", window).await, None);
+    let open = fx.register("open", LEASE).await;
+    assert_eq!(find("new", window).await.as_deref(), Some("open"));
+    assert_eq!(find("open", window).await, None, "never the key itself");
+    fx.store
+        .settle(&token(&open), &declined())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        find("new", window).await,
+        None,
+        "a failed request is no duplicate"
+    );
+    let done = fx.register("done", LEASE).await;
+    fx.store
+        .settle(&token(&done), &succeeded("pay_1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(find("new", window).await.as_deref(), Some("done"));
+    assert_eq!(
+        find("new", Duration::ZERO).await,
+        None,
+        "outside the window"
+    );
+    assert_eq!(
+        fx.store
+            .find_same_request(
+                &Namespace::parse("tenant-b").unwrap(),
+                &action,
+                &hash,
+                &OperationKey::parse("new").unwrap(),
+                window,
+            )
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retention
+
+async fn purge_deletes_only_terminal_operations_past_retention(fx: &Fixture) {
+    let mut short = new_operation("short", LEASE);
+    short.action_policy = serde_json::json!({ "retention_days": 3 });
+    let short = fx.store.insert_and_claim(&short).await.unwrap().unwrap();
+    fx.store
+        .settle(&token(&short), &succeeded("pay_1"))
+        .await
+        .unwrap()
+        .unwrap();
+    let long = fx.register("long", LEASE).await; // the default retention, 35 days
+    fx.store
+        .settle(&token(&long), &declined())
+        .await
+        .unwrap()
+        .unwrap();
+    fx.unknown("unknown").await;
+    fx.register("in_progress", LEASE).await;
+    let released = fx.unknown("pending").await;
+    fx.store
+        .resolve(
+            &released,
+            &Resolution::ReleaseForRetry,
+            &Attribution::worker("w", "proven_absent"),
+            true,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(fx.store.purge(10).await.unwrap(), 0, "nothing is due yet");
+
+    fx.age_retention(2).await;
+    assert_eq!(
+        fx.store.purge(10).await.unwrap(),
+        0,
+        "3 days have not passed"
+    );
+    fx.age_retention(2).await;
+    assert_eq!(fx.store.purge(10).await.unwrap(), 1);
+    assert!(
+        fx.store
+            .get(&ns(), &OperationKey::parse("short").unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(fx.history("short").await.is_empty(), "the history goes too");
+    fx.age_retention(40).await;
+    assert_eq!(fx.store.purge(10).await.unwrap(), 1);
+    assert!(fx.history("long").await.is_empty());
+    // Pending, in-progress and unknown operations stay, whatever their age.
+    let left = fx
+        .store
+        .list(&ListQuery {
+            namespace: ns(),
+            status: None,
+            action_type: None,
+            after: None,
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    let left: BTreeSet<_> = left.iter().map(|r| r.operation_key.to_string()).collect();
+    assert_eq!(
+        left,
+        BTreeSet::from(["in_progress".into(), "pending".into(), "unknown".into()])
+    );
+    assert_eq!(fx.history("unknown").await.len(), 2);
+    // A purged key is forgotten: it registers anew.
+    let reborn = fx.register("short", LEASE).await;
+    assert_eq!(reborn.attempt_count, 1);
+    assert_eq!(fx.history("short").await.len(), 1);
+}
+
+async fn purge_takes_bounded_batches(fx: &Fixture) {
+    for i in 0..5 {
+        let record = fx.register(&format!("k{i}"), LEASE).await;
+        fx.store
+            .settle(&token(&record), &succeeded("pay_1"))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    fx.age_retention(36).await;
+    assert_eq!(fx.store.purge(2).await.unwrap(), 2);
+    assert_eq!(fx.store.purge(2).await.unwrap(), 2);
+    assert_eq!(fx.store.purge(2).await.unwrap(), 1);
+    assert_eq!(fx.store.purge(2).await.unwrap(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the journal
+
+async fn fifty_concurrent_begins_of_one_new_key_execute_once(fx: &Fixture) {
+    let journal = Journal::new(
+        fx.store.clone(),
+        Arc::new(Policy::builtin()),
+        RequestLimits::default(),
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let journal = journal.clone();
+        tasks.push(tokio::spawn(async move {
+            let command = journal
+                .parse_begin(
+                    "",
+                    "payment:order-817:intent-01",
+                    "create_payment",
+                    r#"{"order_id":"817","amount_minor":490000,"currency":"RUB"}"#,
+                    0,
+                    [],
+                )
+                .unwrap();
+            journal.begin(command).await.expect("no Begin may fail")
+        }));
+    }
+    let (mut execute, mut in_progress) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            BeginOutcome::Execute { record, token } => {
+                execute += 1;
+                assert_eq!(token.attempt, 1);
+                assert_eq!(record.lease_id, Some(token.lease_id));
+            }
+            BeginOutcome::InProgress { retry_after, .. } => {
+                in_progress += 1;
+                assert!(retry_after > Duration::ZERO);
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!((execute, in_progress), (1, 49));
+    let rows: i64 = on_pool!(&fx.db, |pool| {
+        sqlx::query_scalar("SELECT COUNT(*) FROM agent_operations WHERE operation_key = $1")
+            .bind("payment:order-817:intent-01")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    });
+    assert_eq!(rows, 1);
+    let record = fx.get("payment:order-817:intent-01").await;
+    assert_eq!(
+        (record.status, record.attempt_count),
+        (Status::InProgress, 1)
+    );
+    assert_eq!(fx.history("payment:order-817:intent-01").await.len(), 1);
+}
+
+async fn migrations_apply_again_without_change(fx: &Fixture) {
+    fx.register("k", LEASE).await;
+    fx.db.database().migrate().await.unwrap();
+    fx.db.database().migrate().await.unwrap();
+    assert_eq!(fx.get("k").await.status, Status::InProgress);
+}
+
+/// Instantiates every case once per backend.
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod postgres {
+            use super::*;
+            $(
+                #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+                async fn $case(pool: PgPool) {
+                    super::$case(&Fixture::postgres(pool)).await;
+                }
+            )*
+        }
+
+        mod sqlite {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case(&Fixture::sqlite().await).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    a_second_insert_of_a_key_changes_nothing,
+    leases_are_measured_by_the_database_clock,
+    a_lease_ends_by_the_database_clock_and_fences_its_holder,
+    claims_and_resolutions_apply_only_to_the_attempt_that_was_read,
+    concurrent_claims_of_one_attempt_grant_one_lease,
+    concurrent_reports_of_one_lease_apply_once,
+    a_holder_reports_once_even_after_the_sweep,
+    concurrent_resolutions_of_one_read_apply_once,
+    terminal_rows_and_the_history_cannot_be_rewritten,
+    every_transition_is_in_the_history_with_its_actor,
+    a_release_for_retry_lets_the_next_begin_claim,
+    a_claimed_due_operation_is_hidden_from_other_claims,
+    two_reconcile_claimers_never_claim_one_operation_twice,
+    one_looker_at_a_time_on_request,
+    the_sweep_takes_only_ended_leases,
+    the_sweep_moves_at_most_a_batch,
+    an_operation_under_review_is_never_claimed,
+    lists_page_newest_first_with_filters,
+    the_review_queue_pages_oldest_first,
+    the_same_request_is_found_under_other_keys,
+    purge_deletes_only_terminal_operations_past_retention,
+    purge_takes_bounded_batches,
+    fifty_concurrent_begins_of_one_new_key_execute_once,
+    migrations_apply_again_without_change,
+);
