@@ -345,3 +345,130 @@ async fn a_begin_blocked_by_another_writer_is_retryable_and_writes_nothing() {
     assert_eq!(decision(&begin), Decision::Execute);
     assert_eq!(app.rows_for(PAYMENT_KEY).await, 1);
 }
+
+/// The move to Postgres: every operation and its whole history arrive unchanged, and a retry
+/// of a completed key is answered with a replay by a server on Postgres, never executed again.
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn copy_journal_moves_the_embedded_journal_to_postgres(pool: sqlx::PgPool) {
+    let app = TestApp::spawn_sqlite().await;
+    common::seven_steps::run_with_reconcile_operation(&app).await;
+    app.begin_in("tenant-b", "k-open", "create_payment", PAY_817, 0)
+        .await
+        .unwrap();
+    let failed = app
+        .begin("k-failed", "create_payment", PAY_817_OTHER_AMOUNT)
+        .await
+        .unwrap();
+    app.journal
+        .clone()
+        .fail_operation(opjournal::proto::FailOperationRequest {
+            lease_token: failed.lease_token,
+            error_code: "card_declined".into(),
+        })
+        .await
+        .unwrap();
+    let email = app
+        .begin("k-email", "send_email", r#"{"to":"customer"}"#)
+        .await
+        .unwrap();
+    app.report_unknown(&email.lease_token).await;
+    app.worker("w").tick().await.unwrap();
+    let db = app.db.clone();
+    app.stop().await;
+
+    let source = db.database().store();
+    let mut expected = Vec::new();
+    for namespace in ["default", "tenant-b"] {
+        let namespace = opjournal::domain::model::Namespace::parse(namespace).unwrap();
+        let records = source
+            .list(&opjournal::store::ListQuery {
+                namespace,
+                status: None,
+                action_type: None,
+                after: None,
+                limit: 100,
+            })
+            .await
+            .unwrap();
+        for record in records {
+            let history = source
+                .history(&record.namespace, &record.operation_key, 0, 1000)
+                .await
+                .unwrap();
+            expected.push((record, history));
+        }
+    }
+    assert_eq!(expected.len(), 4);
+    assert!(expected.iter().any(|(r, _)| r.review_required_at.is_some()));
+
+    let dir = tempfile::tempdir().unwrap();
+    let target_url = TestDb::Postgres(pool.clone()).url();
+    let copy = [
+        "copy-journal",
+        "--database-url",
+        &db.url(),
+        "--to",
+        &target_url,
+    ];
+    let (ok, stdout, stderr) = run("opjournal", dir.path(), &copy).await;
+    assert!(ok, "{stdout} {stderr}");
+    let events: usize = expected.iter().map(|(_, h)| h.len()).sum();
+    assert!(
+        stdout.contains(&format!("copied 4 operations and {events} history entries")),
+        "{stdout}"
+    );
+
+    let target = TestDb::Postgres(pool.clone()).database().store();
+    for (record, history) in &expected {
+        let copied = target
+            .get(&record.namespace, &record.operation_key)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            opjournal::domain::model::OperationRecord {
+                observed_at: record.observed_at,
+                ..copied
+            },
+            *record
+        );
+        let copied_history = target
+            .history(&record.namespace, &record.operation_key, 0, 1000)
+            .await
+            .unwrap();
+        assert_eq!(copied_history, *history);
+    }
+
+    // A server on Postgres replays the completed payment instead of executing it again.
+    let moved = TestApp::spawn(pool.clone()).await;
+    let replay = moved
+        .begin(PAYMENT_KEY, "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert_eq!(decision(&replay), Decision::Replay);
+    assert_eq!(moved.counts(PAYMENT_KEY).requests, 0);
+    // New history entries continue after the copied ones.
+    moved.begin("k-new", "create_payment", "{}").await.unwrap();
+    let last_copied = expected
+        .iter()
+        .flat_map(|(_, h)| h.iter().map(|e| e.event_id))
+        .max()
+        .unwrap();
+    let new_event = target
+        .history(
+            &opjournal::domain::model::Namespace::parse("").unwrap(),
+            &opjournal::domain::model::OperationKey::parse("k-new").unwrap(),
+            0,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(new_event.len(), 1);
+    assert!(new_event[0].event_id > last_copied);
+
+    // A second copy would mix two journals: refused, nothing written.
+    let (ok, stdout, stderr) = run("opjournal", dir.path(), &copy).await;
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("not empty"), "{stderr}");
+    assert_eq!(moved.rows_for("k-failed").await, 1);
+}

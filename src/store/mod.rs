@@ -10,6 +10,7 @@
 //! read and return `None` when the row no longer matches it; the caller decides what that
 //! means.
 
+pub mod copy;
 pub mod postgres;
 pub mod sqlite;
 

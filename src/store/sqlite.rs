@@ -248,7 +248,7 @@ impl SqliteStore {
 }
 
 /// Splits sqlx errors into "unavailable" (retry later, nothing changed) and the rest.
-fn classify(error: sqlx::Error) -> StoreError {
+pub(crate) fn classify(error: sqlx::Error) -> StoreError {
     let unavailable = match &error {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use opjournal::cli::{CommonFlags, ServeFlags};
 use opjournal::config::Config;
 use opjournal::ops::OpsCommand;
-use opjournal::store::Backend;
+use opjournal::store::{Backend, Database};
 use opjournal::{api, app, ops};
 
 mod demo;
@@ -34,6 +34,10 @@ enum Command {
     Migrate(CommonFlags),
     /// Validate the configuration and the policy file without starting.
     CheckConfig(CommonFlags),
+    /// Copy the embedded journal file (`database_url`, a sqlite: URL) with its whole history
+    /// into an empty Postgres journal: the move from one node to Postgres. Stop the server and
+    /// the worker first.
+    CopyJournal(CopyFlags),
     /// Delete terminal operations past their retention (and their history), in batches;
     /// pending, in-progress and unknown operations are never deleted.
     Purge(PurgeFlags),
@@ -52,6 +56,17 @@ struct PurgeFlags {
     /// Most statements to run.
     #[arg(long, default_value_t = 1000)]
     max_batches: u32,
+}
+
+/// Flags of `opjournal copy-journal`.
+#[derive(clap::Args)]
+struct CopyFlags {
+    #[command(flatten)]
+    common: CommonFlags,
+    /// Postgres URL of the target journal; the database is created and migrated if missing,
+    /// and must hold no operations.
+    #[arg(long, value_name = "POSTGRES_URL")]
+    to: String,
 }
 
 #[tokio::main]
@@ -93,8 +108,46 @@ async fn main() -> anyhow::Result<ExitCode> {
             println!("configuration and policy are valid");
             Ok(ExitCode::SUCCESS)
         }
+        Command::CopyJournal(flags) => copy_journal(flags).await.map(|()| ExitCode::SUCCESS),
         Command::Ops(command) => Ok(ops::run(*command).await),
     }
+}
+
+async fn copy_journal(flags: CopyFlags) -> anyhow::Result<()> {
+    let config = Config::load(flags.common.config.as_ref(), &flags.common)?;
+    app::init_tracing(config.log_format);
+    let Database::Sqlite(source) = Database::connect_lazy(&config.database_url, 2)? else {
+        anyhow::bail!(
+            "copy-journal copies an embedded journal: database_url must be a sqlite: URL"
+        );
+    };
+    if Backend::of_url(&flags.to) != Some(Backend::Postgres) {
+        anyhow::bail!("--to must be a postgres:// or postgresql:// URL");
+    }
+    if !source.file().exists() {
+        anyhow::bail!("no journal file at {}", source.file().display());
+    }
+    source.migrate().await.context("migrate the journal file")?;
+    let target = Database::connect_lazy(&flags.to, 2)?;
+    app::prepare_database(&flags.to, &target)
+        .await
+        .context("prepare the Postgres journal")?;
+    let Database::Postgres(pg) = &target else {
+        anyhow::bail!("--to must be a postgres:// or postgresql:// URL");
+    };
+    let report = opjournal::store::copy::sqlite_to_postgres(&source, pg)
+        .await
+        .context("copy-journal")?;
+    target.close().await;
+    source.pool().close().await;
+    println!(
+        "copied {} operations and {} history entries from {} to Postgres; \
+         set database_url to the Postgres URL before starting again",
+        report.operations,
+        report.events,
+        source.file().display()
+    );
+    Ok(())
 }
 
 async fn serve(flags: ServeFlags) -> anyhow::Result<()> {
