@@ -44,5 +44,8 @@ ENV OPJOURNAL_LISTEN=0.0.0.0:50051 \
 # gRPC (server), gRPC health (reconcile worker), HTTP (sandbox).
 EXPOSE 50051 50052 8081
 USER 65532:65532
+# Without a database URL the journal is an embedded file under the working directory: give it
+# one the non-root user owns (mount a volume there to keep it). Kubernetes sets a Postgres URL.
+WORKDIR /home/nonroot
 ENTRYPOINT ["/usr/local/bin/opjournal"]
 CMD ["serve"]

@@ -83,3 +83,12 @@ async fn the_demo_fails_loudly_when_a_step_does_not_hold(pool: PgPool) {
     .unwrap();
     assert_eq!(status, "unknown");
 }
+
+#[tokio::test]
+async fn the_demo_runs_on_the_embedded_journal_with_no_setup() {
+    let (success, stdout) = demo(&[]).await;
+    assert!(success, "{stdout}");
+    assert!(stdout.contains("journal: embedded SQLite"), "{stdout}");
+    assert!(stdout.contains("effects: 1, requests: 1"), "{stdout}");
+    assert!(stdout.contains("Verdict: exactly one effect."), "{stdout}");
+}
