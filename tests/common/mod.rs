@@ -3,6 +3,7 @@
 
 #![allow(dead_code, clippy::unwrap_used, missing_docs)]
 
+pub mod client_suites;
 pub mod seven_steps;
 
 use std::net::SocketAddr;

@@ -1,0 +1,97 @@
+//! Runs a client library's own test suite (clients/python, clients/typescript) as a child
+//! process against the harness's real server and sandbox, then lets the Rust test check the
+//! journal rows and the provider's counts itself.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::TestApp;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `variable` if set, else `default` under the repository when it exists, else `fallback`.
+pub fn tool(variable: &str, default: &str, fallback: &str) -> PathBuf {
+    if let Ok(path) = std::env::var(variable) {
+        return path.into();
+    }
+    let prepared = repo().join(default);
+    if prepared.exists() {
+        prepared
+    } else {
+        fallback.into()
+    }
+}
+
+/// Runs `program args` in `dir` with `OPJOURNAL_TEST_SERVER` (host:port) and
+/// `OPJOURNAL_TEST_SANDBOX_URL` set for `app`, asserts that it exited 0, and returns its
+/// standard output. `setup` names what prepares the program's environment.
+pub async fn run_suite(
+    app: &TestApp,
+    program: &Path,
+    args: &[&str],
+    dir: &Path,
+    setup: &str,
+) -> String {
+    let child = tokio::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .env("OPJOURNAL_TEST_SERVER", app.addr.to_string())
+        .env("OPJOURNAL_TEST_SANDBOX_URL", &app.sandbox_url)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(300), child)
+        .await
+        .unwrap_or_else(|_| panic!("{} {args:?} did not finish in 300 s", program.display()))
+        .unwrap_or_else(|error| panic!("cannot run {} ({error}); {setup}", program.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{} {args:?} failed ({}):\n{stdout}\n{stderr}\n(environment: {setup})",
+        program.display(),
+        output.status
+    );
+    stdout
+}
+
+/// A journal row as the article's audit queries see it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Row {
+    pub status: String,
+    pub attempt_count: i32,
+    pub external_id: Option<String>,
+    pub error_code: Option<String>,
+}
+
+/// The row of `key` in the default namespace, or None.
+pub async fn row(app: &TestApp, key: &str) -> Option<Row> {
+    sqlx::query_as::<_, (String, i32, Option<String>, Option<String>)>(
+        "SELECT status, attempt_count, external_id, error_code FROM agent_operations
+         WHERE namespace = 'default' AND operation_key = $1",
+    )
+    .bind(key)
+    .fetch_optional(&app.pool)
+    .await
+    .unwrap()
+    .map(|(status, attempt_count, external_id, error_code)| Row {
+        status,
+        attempt_count,
+        external_id,
+        error_code,
+    })
+}
+
+/// The (from, to) statuses of `key`'s history, oldest first.
+pub async fn transitions(app: &TestApp, key: &str) -> Vec<(Option<String>, String)> {
+    sqlx::query_as(
+        "SELECT from_status, to_status FROM operation_events
+         WHERE namespace = 'default' AND operation_key = $1 ORDER BY event_id",
+    )
+    .bind(key)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
+}

@@ -1,0 +1,150 @@
+//! The Python client (clients/python) against the real server and sandbox: its own pytest
+//! suite runs as a child process, then these tests check the journal rows and the provider's
+//! effect counts from Rust. `./scripts/test` prepares `target/python-client-venv`.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::client_suites::{Row, repo, row, run_suite, tool, transitions};
+use common::seven_steps::check_exactly_one_effect_and_the_conflict;
+use common::*;
+use sqlx::PgPool;
+
+const SETUP: &str = "./scripts/test prepares it with scripts/client-envs python";
+
+/// The interpreter with clients/python installed: `OPJOURNAL_TEST_CLIENT_PYTHON`, or the
+/// virtual environment `scripts/client-envs` prepares.
+fn python() -> PathBuf {
+    tool(
+        "OPJOURNAL_TEST_CLIENT_PYTHON",
+        "target/python-client-venv/bin/python",
+        "python3",
+    )
+}
+
+/// Runs the pytest files and asserts that every test ran and passed.
+async fn pytest(app: &TestApp, files: &[&str]) -> String {
+    let mut args = vec!["-m", "pytest", "-q", "-rA"];
+    args.extend_from_slice(files);
+    let stdout = run_suite(app, &python(), &args, &repo().join("clients/python"), SETUP).await;
+    // The summary line names only passed tests: nothing skipped, deselected or xfailed.
+    let summary = stdout.lines().rev().find(|line| !line.trim().is_empty());
+    let counts = summary.and_then(|line| line.split_once(" passed in "));
+    assert!(
+        counts.is_some_and(|(passed, _)| passed.parse::<u32>().is_ok_and(|n| n > 0)),
+        "pytest did not pass every test:\n{stdout}"
+    );
+    stdout
+}
+
+fn succeeded(attempt_count: i32, external_id: Option<String>) -> Row {
+    Row {
+        status: "succeeded".into(),
+        attempt_count,
+        external_id,
+        error_code: None,
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_client_runs_the_seven_step_check(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    pytest(&app, &["tests/test_seven_step_check.py"]).await;
+
+    let history = transitions(&app, PAYMENT_KEY).await;
+    let history: Vec<(Option<&str>, &str)> = history
+        .iter()
+        .map(|(from, to)| (from.as_deref(), to.as_str()))
+        .collect();
+    assert_eq!(
+        history,
+        [
+            (None, "in_progress"),
+            (Some("in_progress"), "unknown"),
+            (Some("unknown"), "succeeded"),
+        ]
+    );
+    let unknown_reason: Option<String> = sqlx::query_scalar(
+        "SELECT reason FROM operation_events WHERE operation_key = $1 AND to_status = 'unknown'",
+    )
+    .bind(PAYMENT_KEY)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        unknown_reason.as_deref(),
+        Some("timeout"),
+        "the helper's error code"
+    );
+    // Exactly one effect; Begin replays; another payload is IDEMPOTENCY_KEY_REUSED.
+    check_exactly_one_effect_and_the_conflict(&app).await;
+    assert_eq!(app.counts(PAYMENT_KEY).lookups, 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_client_classifies_provider_outcomes(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    pytest(&app, &["tests/test_outcomes.py"]).await;
+
+    let success = row(&app, "py:outcomes:success").await.unwrap();
+    assert_eq!(success.status, "succeeded");
+    assert_eq!(
+        row(&app, "py:outcomes:declined").await,
+        Some(Row {
+            status: "failed_final".into(),
+            attempt_count: 1,
+            external_id: None,
+            error_code: Some("card_declined".into()),
+        })
+    );
+    let retried = row(&app, "py:outcomes:unavailable").await.unwrap();
+    assert_eq!(
+        (retried.status.as_str(), retried.attempt_count),
+        ("succeeded", 2)
+    );
+    for key in [
+        "py:outcomes:success",
+        "py:outcomes:unavailable",
+        "py:outcomes:in-progress",
+    ] {
+        assert_eq!(app.counts(key).effects, 1, "{key}");
+    }
+    assert_eq!(app.counts("py:outcomes:declined").effects, 0);
+    assert_eq!(
+        row(&app, "py:outcomes:hold-2").await.unwrap().status,
+        "succeeded"
+    );
+    assert_eq!(
+        app.rows_for("py:outcomes:bad-json").await,
+        0,
+        "nothing written"
+    );
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_client_surfaces_lease_lost_and_renews_leases(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    pytest(&app, &["tests/test_leases.py"]).await;
+
+    // The stale holders' reports were refused: each key was completed by its second holder.
+    let stale = row(&app, "py:leases:stale-holder").await.unwrap();
+    assert_eq!(
+        (stale.status.as_str(), stale.attempt_count),
+        ("succeeded", 2)
+    );
+    assert_ne!(stale.external_id.as_deref(), Some("pay_stale"));
+    let taken = row(&app, "py:leases:taken-over").await.unwrap();
+    assert_eq!(
+        (taken.status.as_str(), taken.attempt_count),
+        ("succeeded", 2)
+    );
+    let counts = app.counts("py:leases:taken-over");
+    assert_eq!((counts.requests, counts.effects), (2, 1));
+    // The renewed lease was never taken over.
+    let renewed = row(&app, "py:leases:renewed").await.unwrap();
+    assert_eq!(renewed, succeeded(1, renewed.external_id.clone()));
+    assert_eq!(app.counts("py:leases:renewed").effects, 1);
+}
