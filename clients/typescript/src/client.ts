@@ -1,0 +1,272 @@
+/**
+ * A thin, typed wrapper over the generated `OperationJournal` and `Reconciler` services,
+ * over gRPC (`createGrpcTransport`: the server speaks gRPC, not the Connect protocol).
+ *
+ * Every method sends the bearer token (when one is given) and a deadline, and throws the
+ * {@link OpjournalError} subclass for the status's `ErrorInfo.reason`.
+ *
+ * @module
+ */
+
+import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import type { SecureClientSessionOptions } from "node:http2";
+
+import { decodeError } from "./errors.js";
+import { execute, type ExecuteOptions, type Outcome, type ProviderCall, type ProviderResult } from "./execute.js";
+import {
+  OperationJournal,
+  Reconciler,
+  type BeginOperationResponse,
+  type Operation,
+  type ReconcileOperationResponse,
+} from "./gen/opjournal/v1/journal_pb.js";
+
+/** Milliseconds each call may take before it fails with `DEADLINE_EXCEEDED`. */
+export const DEFAULT_TIMEOUT_MS = 10_000;
+
+/** How {@link JournalClient.connect} reaches the server. */
+export interface ConnectOptions {
+  /** A bearer token, sent as `authorization: Bearer <token>` on every call. */
+  token?: string;
+  /** Milliseconds each call may take (the gRPC deadline); default 10 000. */
+  timeoutMs?: number;
+  /**
+   * TLS settings for an `https://` URL (Node's `http2.connect` options): `ca` trusts a
+   * private CA, `cert` and `key` are the client certificate for mutual TLS.
+   */
+  tls?: Pick<SecureClientSessionOptions, "ca" | "cert" | "key" | "servername">;
+}
+
+/** The fields of BeginOperation; see {@link JournalClient.begin}. */
+export interface BeginRequest {
+  /** The idempotency key naming the business intent (not the network attempt). */
+  operationKey: string;
+  /** The action as named in the server's policy, e.g. `"create_payment"`. */
+  actionType: string;
+  /**
+   * The provider request's parameters: a JSON object as text, or a value to
+   * `JSON.stringify`. Only its SHA-256 (RFC 8785 canonical form) is stored.
+   */
+  payload: unknown;
+  /** The tenant namespace; empty or absent means `default`. */
+  namespace?: string;
+  /** The lease to ask for, in seconds; 0 or absent means the action's default. */
+  leaseSeconds?: number;
+  /** Business links kept with the record (not hashed), e.g. `{ order_id: "817" }`. */
+  references?: Record<string, string>;
+  /** Proceed after `DECISION_DUPLICATE_INTENT_SUSPECTED`: this really is a new intent. */
+  confirmDuplicateIntent?: boolean;
+}
+
+/** `value` as JSON text: a string is taken as JSON text already. */
+export function toJsonText(value: unknown): string {
+  if (typeof value === "string") {
+    return value;
+  }
+  const text = JSON.stringify(value);
+  if (text === undefined) {
+    throw new TypeError("the value cannot be serialized as JSON");
+  }
+  return text;
+}
+
+/** Runs one call, rejecting with the decoded {@link OpjournalError}. */
+async function decoded<T>(call: Promise<T>): Promise<T> {
+  try {
+    return await call;
+  } catch (error) {
+    throw decodeError(error);
+  }
+}
+
+function bearer(token: string): Interceptor {
+  return (next) => (request) => {
+    request.header.set("authorization", `Bearer ${token}`);
+    return next(request);
+  };
+}
+
+/**
+ * A client of one opjournal server. Build one with {@link JournalClient.connect}, or pass
+ * your own gRPC transport; call {@link close} when done.
+ */
+export class JournalClient {
+  /**
+   * The generated OperationJournal client, for calls not wrapped here. It rejects with
+   * `ConnectError`; {@link decodeError} turns that into the typed error.
+   */
+  readonly journal: Client<typeof OperationJournal>;
+  /** The generated Reconciler client, for calls not wrapped here (see {@link journal}). */
+  readonly reconciler: Client<typeof Reconciler>;
+  private readonly sessions: Http2SessionManager | undefined;
+
+  /**
+   * @param transport a gRPC transport (`createGrpcTransport`), or use {@link JournalClient.connect}.
+   * @param sessions the HTTP/2 session manager to close in {@link close}, if any.
+   */
+  constructor(transport: Transport, sessions?: Http2SessionManager) {
+    this.journal = createClient(OperationJournal, transport);
+    this.reconciler = createClient(Reconciler, transport);
+    this.sessions = sessions;
+  }
+
+  /**
+   * Connects to `baseUrl` (`http://host:port`, or `https://host:port` for TLS) over gRPC.
+   */
+  static connect(baseUrl: string, options: ConnectOptions = {}): JournalClient {
+    const sessions = new Http2SessionManager(baseUrl, {}, options.tls ?? {});
+    const interceptors = options.token ? [bearer(options.token)] : [];
+    const transport = createGrpcTransport({
+      baseUrl,
+      sessionManager: sessions,
+      interceptors,
+      defaultTimeoutMs: options.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+    });
+    return new JournalClient(transport, sessions);
+  }
+
+  /** Closes the HTTP/2 connection this client opened (a no-op for a passed transport). */
+  close(): void {
+    this.sessions?.abort();
+  }
+
+  /**
+   * BeginOperation: registers the intent and, where the rules allow, claims a lease. The
+   * response's `decision` says what to do (see {@link execute}).
+   *
+   * @throws {IdempotencyKeyReusedError} the key is bound to another payload or action type.
+   * @throws {InvalidArgumentError} a malformed key, payload or field.
+   */
+  async begin(request: BeginRequest): Promise<BeginOperationResponse> {
+    return decoded(
+      this.journal.beginOperation({
+        namespace: request.namespace ?? "",
+        operationKey: request.operationKey,
+        actionType: request.actionType,
+        payloadJson: toJsonText(request.payload),
+        leaseSeconds: request.leaseSeconds ?? 0,
+        references: request.references ?? {},
+        confirmDuplicateIntent: request.confirmDuplicateIntent ?? false,
+      }),
+    );
+  }
+
+  /**
+   * CompleteOperation: records a confirmed success; resolves to the SUCCEEDED record.
+   * `result` (JSON text or a value; absent for no result body) is sanitized by the
+   * server's policy before it is stored and replayed.
+   *
+   * @throws {LeaseLostError} the lease was taken over.
+   * @throws {OutcomeAlreadyRecordedError} this token already recorded another outcome.
+   * @throws {InvalidArgumentError} e.g. `RESULT_TOO_LARGE`, `INVALID_EXTERNAL_ID`.
+   */
+  async complete(
+    leaseToken: string,
+    outcome: { externalId?: string; result?: unknown } = {},
+  ): Promise<Operation> {
+    const response = await decoded(this.journal.completeOperation({
+      leaseToken,
+      externalId: outcome.externalId ?? "",
+      resultJson: outcome.result === undefined ? "" : toJsonText(outcome.result),
+    }));
+    return required(response.operation);
+  }
+
+  /**
+   * FailOperation: records a definitive rejection (no effect happened); resolves to the
+   * FAILED_FINAL record. `errorCode`: 1-100 characters of `[A-Za-z0-9._:-]`.
+   *
+   * @throws {LeaseLostError} | {OutcomeAlreadyRecordedError} | {InvalidArgumentError}
+   */
+  async fail(leaseToken: string, errorCode: string): Promise<Operation> {
+    const response = await decoded(this.journal.failOperation({ leaseToken, errorCode }));
+    return required(response.operation);
+  }
+
+  /**
+   * ReportUnknownOutcome: the effect may or may not have happened; resolves to the UNKNOWN
+   * record. `errorCode` is a short machine code such as `"timeout"`.
+   *
+   * @throws {LeaseLostError} | {OutcomeAlreadyRecordedError} | {InvalidArgumentError}
+   */
+  async reportUnknown(leaseToken: string, errorCode = ""): Promise<Operation> {
+    const response = await decoded(this.journal.reportUnknownOutcome({ leaseToken, errorCode }));
+    return required(response.operation);
+  }
+
+  /**
+   * RenewLease: extends a live lease to `leaseSeconds` from now (database clock).
+   *
+   * @throws {LeaseLostError} the lease has ended or was taken over.
+   */
+  async renewLease(leaseToken: string, leaseSeconds: number): Promise<Operation> {
+    const response = await decoded(this.journal.renewLease({ leaseToken, leaseSeconds }));
+    return required(response.operation);
+  }
+
+  /**
+   * GetOperation: reads one record.
+   *
+   * @throws {OperationNotFoundError} no such key in the namespace.
+   */
+  async get(operationKey: string, options: { namespace?: string } = {}): Promise<Operation> {
+    const response = await decoded(this.journal.getOperation({
+      namespace: options.namespace ?? "",
+      operationKey,
+    }));
+    return required(response.operation);
+  }
+
+  /**
+   * DeriveOperationKey: an opaque, stable key (`ok_…`) for an intent reference that may
+   * hold personal data; the reference is never stored.
+   *
+   * @throws {KeyDerivationDisabledError} the server has no key derivation secret.
+   */
+  async deriveKey(
+    actionType: string,
+    intentReference: string,
+    options: { namespace?: string } = {},
+  ): Promise<string> {
+    const response = await decoded(this.journal.deriveOperationKey({
+      namespace: options.namespace ?? "",
+      actionType,
+      intentReference,
+    }));
+    return response.operationKey;
+  }
+
+  /**
+   * ReconcileOperation: asks the provider now what happened to an UNKNOWN operation (or
+   * one whose lease expired) and applies the answer.
+   *
+   * @throws {OperationNotFoundError} | {OperationNotReconcilableError} |
+   *   {ReconcileInProgressError} | {NoProviderAdapterError}
+   */
+  async reconcile(
+    operationKey: string,
+    options: { namespace?: string } = {},
+  ): Promise<ReconcileOperationResponse> {
+    return decoded(this.reconciler.reconcileOperation({
+      namespace: options.namespace ?? "",
+      operationKey,
+    }));
+  }
+
+  /** {@link execute} with this client: runs `call` at most once per intent. */
+  execute(
+    request: BeginRequest,
+    call: (call: ProviderCall) => Promise<ProviderResult>,
+    options?: ExecuteOptions,
+  ): Promise<Outcome> {
+    return execute(this, request, call, options);
+  }
+}
+
+function required(operation: Operation | undefined): Operation {
+  if (operation === undefined) {
+    throw new TypeError("the server answered without an operation");
+  }
+  return operation;
+}

@@ -1,0 +1,387 @@
+/**
+ * `execute`: one side-effecting provider call, made safe to retry through the journal.
+ *
+ * The source article's `executeOperation`. Begin registers the intent; only
+ * `DECISION_EXECUTE` lets the provider be called, with `operation.providerKey` as its
+ * idempotency key, while the lease is renewed in the background. The outcome is then
+ * classified the only safe way:
+ *
+ * - `call` resolved to a {@link ProviderResult} → CompleteOperation → `succeeded`;
+ * - it threw {@link ProviderRejected} (or `isConfirmedRejection` named an error code): the
+ *   provider proved no effect happened → FailOperation → `failed_final`;
+ * - anything else — a timeout, a reset connection, a 5xx, an unexpected exception — may
+ *   have happened at the provider → ReportUnknownOutcome → `verification_required`. It is
+ *   never treated as a failure, and the provider is not called again until the operation
+ *   has been reconciled.
+ *
+ * The other decisions are answers too, never exceptions: a replay resolves to the stored
+ * outcome (`replayed: true`), and `in_progress`, `verification_required` and
+ * `duplicate_intent_suspected` say why the provider was not called. Errors (a reused key,
+ * a lost lease, a bad request, an unreachable journal) reject with {@link OpjournalError}
+ * subclasses.
+ *
+ * @module
+ */
+
+import type { JournalClient, BeginRequest } from "./client.js";
+import { InvalidArgumentError, LeaseLostError } from "./errors.js";
+import { Decision, OperationStatus, type Operation } from "./gen/opjournal/v1/journal_pb.js";
+
+const ERROR_CODE = /^[A-Za-z0-9._:-]{1,100}$/;
+
+function checkedCode(errorCode: string): string {
+  if (!ERROR_CODE.test(errorCode)) {
+    throw new RangeError("error codes are 1-100 characters of [A-Za-z0-9._:-]");
+  }
+  return errorCode;
+}
+
+/**
+ * Throw from the provider call when the provider *proved* that no effect happened and none
+ * will (a declined card, a validation error before anything was stored). A timeout, a reset
+ * connection, a 5xx or a proxy's odd answer is not a rejection. `errorCode` is a short
+ * machine code such as `"card_declined"` (1-100 characters of `[A-Za-z0-9._:-]`).
+ */
+export class ProviderRejected extends Error {
+  readonly errorCode: string;
+  constructor(errorCode: string, options?: { cause?: unknown }) {
+    super(errorCode, options);
+    this.name = "ProviderRejected";
+    this.errorCode = checkedCode(errorCode);
+  }
+}
+
+/**
+ * Throw from the provider call to report an uncertain outcome with your own code (e.g.
+ * `"http_502"`); any other error is reported as unknown too.
+ */
+export class ProviderOutcomeUnknown extends Error {
+  readonly errorCode: string;
+  constructor(errorCode: string, options?: { cause?: unknown }) {
+    super(errorCode, options);
+    this.name = "ProviderOutcomeUnknown";
+    this.errorCode = checkedCode(errorCode);
+  }
+}
+
+/** What the provider call gets. */
+export interface ProviderCall {
+  /**
+   * The idempotency key to send to the provider (`Operation.providerKey`: the key itself
+   * in the `default` namespace, `namespace/key` elsewhere).
+   */
+  readonly providerKey: string;
+  /** The journal record as Begin left it (IN_PROGRESS). */
+  readonly operation: Operation;
+  /**
+   * Aborted (with a {@link LeaseLostError}) when a lease renewal was refused with
+   * `LEASE_LOST`: another holder may now call the provider. Pass it to `fetch` or check it
+   * in a long call.
+   */
+  readonly signal: AbortSignal;
+}
+
+/** What the provider call resolves to on a confirmed success. */
+export interface ProviderResult {
+  /** The provider's id of the effect (payment id, message id); up to 200 characters. */
+  externalId?: string;
+  /**
+   * The provider's answer to keep and replay: JSON text or a value for `JSON.stringify`;
+   * absent for no result body. The journal keeps only what the action's policy allows
+   * (`result.keep`) and never card numbers, tokens or secrets.
+   */
+  result?: unknown;
+}
+
+/** The effect happened. */
+export interface Succeeded {
+  readonly kind: "succeeded";
+  readonly operation: Operation;
+  /** The provider's id of the effect, when recorded. */
+  readonly externalId: string | undefined;
+  /** The stored (sanitized) result, parsed from JSON; the same on every replay. */
+  readonly result: unknown;
+  /** True when the provider was not called now (the stored outcome was replayed). */
+  readonly replayed: boolean;
+  /** What the provider call returned this time; undefined on a replay. */
+  readonly providerResult?: unknown;
+}
+
+/** The provider proved no effect happened; the operation is terminal. */
+export interface FailedFinal {
+  readonly kind: "failed_final";
+  readonly operation: Operation;
+  readonly errorCode: string | undefined;
+  readonly replayed: boolean;
+  /** The rejection thrown by this call; undefined on a replay. */
+  readonly cause?: unknown;
+}
+
+/**
+ * The outcome is unknown: the provider must not be called until the operation is
+ * reconciled (by the reconcile worker, {@link JournalClient.reconcile} or a reviewer).
+ * Calling `execute` again with the same key is always safe.
+ */
+export interface VerificationRequired {
+  readonly kind: "verification_required";
+  readonly operation: Operation;
+  /** True when this call reported the unknown outcome; false when Begin found it unknown. */
+  readonly reported: boolean;
+  readonly errorCode?: string;
+  readonly cause?: unknown;
+}
+
+/** Another holder's lease is live; the provider was not called. */
+export interface InProgress {
+  readonly kind: "in_progress";
+  readonly operation: Operation;
+  /** Milliseconds until the current lease ends. */
+  readonly retryAfterMs: number;
+}
+
+/**
+ * The duplicate-intent policy held the request: the same payload is registered under
+ * `duplicateOfOperationKey`. Nothing was registered. Retry under that key; send
+ * `confirmDuplicateIntent` only for a genuinely new intent.
+ */
+export interface DuplicateIntentSuspected {
+  readonly kind: "duplicate_intent_suspected";
+  readonly operation: Operation | undefined;
+  readonly duplicateOfOperationKey: string;
+}
+
+/** What {@link execute} resolves to; switch on `kind`. */
+export type Outcome =
+  | Succeeded
+  | FailedFinal
+  | VerificationRequired
+  | InProgress
+  | DuplicateIntentSuspected;
+
+/** Options of {@link execute}. */
+export interface ExecuteOptions {
+  /** Renew the lease every third of its length while `call` runs (default true). */
+  renewLease?: boolean;
+  /**
+   * Maps an error thrown by `call` to the error code of a confirmed rejection, or
+   * undefined when it proves nothing. Default: {@link confirmedRejectionCode}.
+   */
+  isConfirmedRejection?: (error: unknown) => string | undefined;
+  /** Maps any other error to a short code for the journal. Default: {@link unknownOutcomeCode}. */
+  unknownErrorCode?: (error: unknown) => string;
+}
+
+/** Begin answered a decision this client does not know (a newer server?). */
+export class UnexpectedDecisionError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "UnexpectedDecisionError";
+  }
+}
+
+/** The default `isConfirmedRejection`: the code of a {@link ProviderRejected}, else undefined. */
+export function confirmedRejectionCode(error: unknown): string | undefined {
+  return error instanceof ProviderRejected ? error.errorCode : undefined;
+}
+
+const TIMEOUT_CODES = new Set(["ETIMEDOUT", "UND_ERR_CONNECT_TIMEOUT", "UND_ERR_HEADERS_TIMEOUT", "UND_ERR_BODY_TIMEOUT"]);
+
+/**
+ * The default `unknownErrorCode`: a short code for an uncertain outcome, never the error's
+ * message (which may quote payloads). Looks through `fetch`'s `cause` chain.
+ */
+export function unknownOutcomeCode(error: unknown): string {
+  if (error instanceof ProviderOutcomeUnknown) {
+    return error.errorCode;
+  }
+  for (let e: unknown = error, depth = 0; e instanceof Error && depth < 5; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (e.name === "TimeoutError" || (typeof code === "string" && TIMEOUT_CODES.has(code))) {
+      return "timeout";
+    }
+    if (code === "ECONNRESET" || code === "UND_ERR_SOCKET") {
+      return "connection_reset";
+    }
+    if (typeof code === "string" && code.startsWith("ECONN")) {
+      return "connection_error";
+    }
+    e = e.cause;
+  }
+  return "exception";
+}
+
+/** Renews a lease every third of its length until stopped; aborts `signal` on LEASE_LOST. */
+class LeaseRenewal {
+  private readonly controller = new AbortController();
+  private timer: NodeJS.Timeout | undefined;
+  private inFlight: Promise<void> = Promise.resolve();
+  private stopped = false;
+
+  constructor(
+    private readonly client: JournalClient,
+    private readonly leaseToken: string,
+    private readonly leaseSeconds: number,
+  ) {}
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  start(): void {
+    this.schedule();
+  }
+
+  private schedule(): void {
+    if (this.stopped) {
+      return;
+    }
+    this.timer = setTimeout(() => {
+      this.inFlight = this.renew().finally(() => this.schedule());
+    }, (this.leaseSeconds * 1000) / 3);
+  }
+
+  private async renew(): Promise<void> {
+    try {
+      await this.client.renewLease(this.leaseToken, this.leaseSeconds);
+    } catch (error) {
+      if (error instanceof LeaseLostError) {
+        this.stopped = true;
+        this.controller.abort(error);
+      }
+      // Anything else is transient (journal unreachable): the lease may still be live.
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    await this.inFlight;
+  }
+}
+
+/** The length of the lease Begin granted, by the server's clock (at least 1 s). */
+function grantedLeaseSeconds(operation: Operation): number {
+  const until = operation.leaseUntil;
+  const at = operation.updatedAt;
+  if (until === undefined || at === undefined) {
+    return 1;
+  }
+  const granted = Number(until.seconds - at.seconds) + (until.nanos - at.nanos) / 1e9;
+  return Math.max(1, Math.ceil(granted));
+}
+
+function succeeded(operation: Operation, replayed: boolean, providerResult?: unknown): Succeeded {
+  return {
+    kind: "succeeded",
+    operation,
+    externalId: operation.externalId,
+    result: operation.resultJson === undefined ? undefined : JSON.parse(operation.resultJson),
+    replayed,
+    providerResult,
+  };
+}
+
+function replay(operation: Operation): Outcome {
+  switch (operation.status) {
+    case OperationStatus.SUCCEEDED:
+      return succeeded(operation, true);
+    case OperationStatus.FAILED_FINAL:
+      return { kind: "failed_final", operation, errorCode: operation.errorCode, replayed: true };
+    default:
+      throw new UnexpectedDecisionError(`replay of a non-terminal operation (${OperationStatus[operation.status]})`);
+  }
+}
+
+/**
+ * Runs `call` at most once per intent, and only when the journal says so.
+ *
+ * @param client the journal client.
+ * @param request the intent: key, action type, payload (same key with another payload
+ *   rejects with {@link IdempotencyKeyReusedError}), namespace, lease, references.
+ * @param call the provider call. It must send `providerKey` as the provider's idempotency
+ *   key; resolve to a {@link ProviderResult} on a confirmed success, throw
+ *   {@link ProviderRejected} on a confirmed rejection; any other error is an unknown outcome.
+ * @returns the {@link Outcome}; switch on `kind`.
+ * @throws {IdempotencyKeyReusedError} the key is bound to another payload; the provider was not called.
+ * @throws {LeaseLostError} another holder took the lease over before this call's report.
+ * @throws {InvalidArgumentError} a malformed request. When the journal refuses the report of
+ *   a call that succeeded (e.g. `RESULT_TOO_LARGE`), the outcome is first reported unknown
+ *   so that reconciliation settles it.
+ * @throws {JournalUnavailableError} the journal could not be reached; calling `execute`
+ *   again with the same key is safe (an unreported lease ends as unknown).
+ */
+export async function execute(
+  client: JournalClient,
+  request: BeginRequest,
+  call: (call: ProviderCall) => Promise<ProviderResult>,
+  options: ExecuteOptions = {},
+): Promise<Outcome> {
+  const begin = await client.begin(request);
+  const operation = begin.operation;
+  switch (begin.decision) {
+    case Decision.EXECUTE:
+      break;
+    case Decision.REPLAY:
+      return replay(requiredOperation(operation));
+    case Decision.IN_PROGRESS: {
+      const after = begin.retryAfter;
+      const retryAfterMs = after ? Number(after.seconds) * 1000 + after.nanos / 1e6 : 0;
+      return { kind: "in_progress", operation: requiredOperation(operation), retryAfterMs };
+    }
+    case Decision.VERIFICATION_REQUIRED:
+      return { kind: "verification_required", operation: requiredOperation(operation), reported: false };
+    case Decision.DUPLICATE_INTENT_SUSPECTED:
+      return {
+        kind: "duplicate_intent_suspected",
+        operation,
+        duplicateOfOperationKey: begin.duplicateOfOperationKey,
+      };
+    default:
+      throw new UnexpectedDecisionError(`unknown decision ${begin.decision}`);
+  }
+
+  const held = requiredOperation(operation);
+  const token = begin.leaseToken;
+  const renewal = new LeaseRenewal(client, token, grantedLeaseSeconds(held));
+  if (options.renewLease ?? true) {
+    renewal.start();
+  }
+  let returned: ProviderResult;
+  try {
+    returned = await call({ providerKey: held.providerKey, operation: held, signal: renewal.signal });
+  } catch (error) {
+    await renewal.stop();
+    const rejection = (options.isConfirmedRejection ?? confirmedRejectionCode)(error);
+    if (rejection !== undefined) {
+      const failed = await client.fail(token, rejection);
+      return { kind: "failed_final", operation: failed, errorCode: rejection, replayed: false, cause: error };
+    }
+    const code = (options.unknownErrorCode ?? unknownOutcomeCode)(error);
+    const unknown = await client.reportUnknown(token, code);
+    return { kind: "verification_required", operation: unknown, reported: true, errorCode: code, cause: error };
+  }
+  await renewal.stop();
+
+  if (typeof returned !== "object" || returned === null) {
+    await client.reportUnknown(token, "invalid_provider_result");
+    throw new TypeError("the provider call must resolve to a ProviderResult");
+  }
+  let done: Operation;
+  try {
+    done = await client.complete(token, { externalId: returned.externalId ?? "", result: returned.result });
+  } catch (error) {
+    if (error instanceof TypeError || error instanceof InvalidArgumentError) {
+      // The effect happened but this report cannot be recorded: leave it to reconciliation.
+      await client.reportUnknown(token, error instanceof TypeError ? "result_not_serializable" : "report_refused");
+    }
+    throw error;
+  }
+  return succeeded(done, false, returned.result);
+}
+
+function requiredOperation(operation: Operation | undefined): Operation {
+  if (operation === undefined) {
+    throw new UnexpectedDecisionError("the server answered without an operation");
+  }
+  return operation;
+}

@@ -1,0 +1,133 @@
+//! The TypeScript client (clients/typescript) against the real server and sandbox: its own
+//! `node --test` files run as a child process, then these tests check the journal rows and
+//! the provider's effect counts from Rust. `./scripts/test` runs `npm ci` and the build.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::client_suites::{Row, repo, row, run_suite, transitions};
+use common::seven_steps::check_exactly_one_effect_and_the_conflict;
+use common::*;
+use sqlx::PgPool;
+
+const SETUP: &str =
+    "./scripts/test prepares it with scripts/client-envs typescript (npm ci, npm run build)";
+
+/// Node.js: `OPJOURNAL_TEST_NODE`, or `node` on the PATH.
+fn node() -> PathBuf {
+    std::env::var_os("OPJOURNAL_TEST_NODE").map_or_else(|| "node".into(), PathBuf::from)
+}
+
+/// Runs compiled test files with node's test runner; asserts every test ran and passed.
+async fn node_test(app: &TestApp, file: &str) -> String {
+    let dir = repo().join("clients/typescript");
+    let compiled = format!("dist/test/{file}");
+    assert!(
+        dir.join(&compiled).exists(),
+        "{compiled} is missing; {SETUP}"
+    );
+    let args = ["--test", "--test-reporter=spec", &compiled];
+    let stdout = run_suite(app, &node(), &args, &dir, SETUP).await;
+    assert!(stdout.contains("ℹ pass "), "{stdout}");
+    for line in ["ℹ fail 0", "ℹ skipped 0", "ℹ todo 0", "ℹ cancelled 0"] {
+        assert!(
+            stdout.contains(line),
+            "node --test did not say '{line}':\n{stdout}"
+        );
+    }
+    stdout
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_typescript_client_runs_the_seven_step_check(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    node_test(&app, "seven_step_check.test.js").await;
+
+    let history = transitions(&app, PAYMENT_KEY).await;
+    let history: Vec<(Option<&str>, &str)> = history
+        .iter()
+        .map(|(from, to)| (from.as_deref(), to.as_str()))
+        .collect();
+    assert_eq!(
+        history,
+        [
+            (None, "in_progress"),
+            (Some("in_progress"), "unknown"),
+            (Some("unknown"), "succeeded"),
+        ]
+    );
+    // Exactly one effect; Begin replays; another payload is IDEMPOTENCY_KEY_REUSED.
+    check_exactly_one_effect_and_the_conflict(&app).await;
+    assert_eq!(app.counts(PAYMENT_KEY).lookups, 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_typescript_client_classifies_provider_outcomes(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    node_test(&app, "outcomes.test.js").await;
+
+    assert_eq!(
+        row(&app, "ts:outcomes:success").await.unwrap().status,
+        "succeeded"
+    );
+    assert_eq!(
+        row(&app, "ts:outcomes:declined").await,
+        Some(Row {
+            status: "failed_final".into(),
+            attempt_count: 1,
+            external_id: None,
+            error_code: Some("card_declined".into()),
+        })
+    );
+    let retried = row(&app, "ts:outcomes:unavailable").await.unwrap();
+    assert_eq!(
+        (retried.status.as_str(), retried.attempt_count),
+        ("succeeded", 2)
+    );
+    for key in [
+        "ts:outcomes:success",
+        "ts:outcomes:unavailable",
+        "ts:outcomes:in-progress",
+    ] {
+        assert_eq!(app.counts(key).effects, 1, "{key}");
+    }
+    assert_eq!(app.counts("ts:outcomes:declined").effects, 0);
+    assert_eq!(
+        row(&app, "ts:outcomes:hold-2").await.unwrap().status,
+        "succeeded"
+    );
+    assert_eq!(
+        app.rows_for("ts:outcomes:bad-json").await,
+        0,
+        "nothing written"
+    );
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_typescript_client_surfaces_lease_lost_and_renews_leases(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    node_test(&app, "leases.test.js").await;
+
+    let stale = row(&app, "ts:leases:stale-holder").await.unwrap();
+    assert_eq!(
+        (stale.status.as_str(), stale.attempt_count),
+        ("succeeded", 2)
+    );
+    assert_ne!(stale.external_id.as_deref(), Some("pay_stale"));
+    let taken = row(&app, "ts:leases:taken-over").await.unwrap();
+    assert_eq!(
+        (taken.status.as_str(), taken.attempt_count),
+        ("succeeded", 2)
+    );
+    let counts = app.counts("ts:leases:taken-over");
+    assert_eq!((counts.requests, counts.effects), (2, 1));
+    let renewed = row(&app, "ts:leases:renewed").await.unwrap();
+    assert_eq!(
+        (renewed.status.as_str(), renewed.attempt_count),
+        ("succeeded", 1)
+    );
+    assert_eq!(app.counts("ts:leases:renewed").effects, 1);
+}
