@@ -8,7 +8,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::client_suites::{Row, repo, row, run_suite, tool, transitions};
+use common::client_suites::{
+    Row, repo, row, run_suite, spawn_with_client_token, tool, transitions,
+};
 use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
 use sqlx::PgPool;
@@ -147,4 +149,26 @@ async fn the_python_client_surfaces_lease_lost_and_renews_leases(pool: PgPool) {
     let renewed = row(&app, "py:leases:renewed").await.unwrap();
     assert_eq!(renewed, succeeded(1, renewed.external_id.clone()));
     assert_eq!(app.counts("py:leases:renewed").effects, 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_client_sends_its_bearer_token(pool: PgPool) {
+    let app = spawn_with_client_token(pool).await;
+    pytest(&app, &["tests/test_auth.py"]).await;
+
+    let done: (String, i32) = sqlx::query_as(
+        "SELECT status, attempt_count FROM agent_operations
+         WHERE namespace = 'tenant-a' AND operation_key = 'py:auth:payment'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(done, ("succeeded".to_owned(), 1));
+    assert_eq!(
+        app.rows_for("py:auth:payment").await,
+        1,
+        "nothing in tenant-b"
+    );
+    let counts = app.counts("tenant-a/py:auth:payment");
+    assert_eq!((counts.requests, counts.effects), (1, 1));
 }

@@ -25,8 +25,9 @@ pub fn tool(variable: &str, default: &str, fallback: &str) -> PathBuf {
     }
 }
 
-/// Runs `program args` in `dir` with `OPJOURNAL_TEST_SERVER` (host:port) and
-/// `OPJOURNAL_TEST_SANDBOX_URL` set for `app`, asserts that it exited 0, and returns its
+/// Runs `program args` in `dir` with `OPJOURNAL_TEST_SERVER` (host:port),
+/// `OPJOURNAL_TEST_SANDBOX_URL` and `OPJOURNAL_TEST_TOKEN` (the token
+/// [`spawn_with_client_token`] accepts) set for `app`, asserts that it exited 0, and returns its
 /// standard output. `setup` names what prepares the program's environment.
 pub async fn run_suite(
     app: &TestApp,
@@ -40,6 +41,7 @@ pub async fn run_suite(
         .current_dir(dir)
         .env("OPJOURNAL_TEST_SERVER", app.addr.to_string())
         .env("OPJOURNAL_TEST_SANDBOX_URL", &app.sandbox_url)
+        .env("OPJOURNAL_TEST_TOKEN", CLIENT_TOKEN)
         .kill_on_drop(true)
         .output();
     let output = tokio::time::timeout(Duration::from_secs(300), child)
@@ -94,4 +96,32 @@ pub async fn transitions(app: &TestApp, key: &str) -> Vec<(Option<String>, Strin
     .fetch_all(&app.pool)
     .await
     .unwrap()
+}
+
+/// The bearer token the client suites' authentication tests send: a client of `tenant-a`.
+pub const CLIENT_TOKEN: &str = "tok-clients.4d9e1f7a2b6c0835";
+
+/// The app with bearer tokens on, knowing only [`CLIENT_TOKEN`] (by its SHA-256), as a
+/// `client` of the namespace `tenant-a`.
+pub async fn spawn_with_client_token(pool: sqlx::PgPool) -> TestApp {
+    use sha2::Digest as _;
+    let digest = hex::encode(sha2::Sha256::digest(CLIENT_TOKEN.as_bytes()));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("opjournal.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[tokens]]\nname = \"orchestrator-a\"\nsha256 = \"{digest}\"\n\
+             namespaces = [\"tenant-a\"]\nroles = [\"client\"]\n"
+        ),
+    )
+    .unwrap();
+    let config = opjournal::config::Config::load(Some(&path), serde_json::json!({})).unwrap();
+    let auth = opjournal::api::Authenticator::new(config.token_registry().unwrap());
+    assert!(auth.is_enabled());
+    let options = super::SpawnOptions {
+        auth,
+        ..super::SpawnOptions::default()
+    };
+    TestApp::spawn_with_options(pool, options).await
 }
