@@ -73,7 +73,7 @@ async fn the_python_client_runs_the_seven_step_check(pool: PgPool) {
         "SELECT reason FROM operation_events WHERE operation_key = $1 AND to_status = 'unknown'",
     )
     .bind(PAYMENT_KEY)
-    .fetch_one(&app.pool)
+    .fetch_one(app.pool())
     .await
     .unwrap();
     assert_eq!(
@@ -160,7 +160,7 @@ async fn the_python_client_sends_its_bearer_token(pool: PgPool) {
         "SELECT status, attempt_count FROM agent_operations
          WHERE namespace = 'tenant-a' AND operation_key = 'py:auth:payment'",
     )
-    .fetch_one(&app.pool)
+    .fetch_one(app.pool())
     .await
     .unwrap();
     assert_eq!(done, ("succeeded".to_owned(), 1));

@@ -141,7 +141,7 @@ async fn the_typescript_client_sends_its_bearer_token(pool: PgPool) {
         "SELECT status, attempt_count FROM agent_operations
          WHERE namespace = 'tenant-a' AND operation_key = 'ts:auth:payment'",
     )
-    .fetch_one(&app.pool)
+    .fetch_one(app.pool())
     .await
     .unwrap();
     assert_eq!(done, ("succeeded".to_owned(), 1));

@@ -75,7 +75,7 @@ pub async fn row(app: &TestApp, key: &str) -> Option<Row> {
          WHERE namespace = 'default' AND operation_key = $1",
     )
     .bind(key)
-    .fetch_optional(&app.pool)
+    .fetch_optional(app.pool())
     .await
     .unwrap()
     .map(|(status, attempt_count, external_id, error_code)| Row {
@@ -93,7 +93,7 @@ pub async fn transitions(app: &TestApp, key: &str) -> Vec<(Option<String>, Strin
          WHERE namespace = 'default' AND operation_key = $1 ORDER BY event_id",
     )
     .bind(key)
-    .fetch_all(&app.pool)
+    .fetch_all(app.pool())
     .await
     .unwrap()
 }
