@@ -1,5 +1,5 @@
 //! Wiring shared by the binaries: build the store, policy, journal and reconciler from a
-//! [`Config`], install logging, and turn SIGTERM/SIGINT into a cancellation.
+//! [`Config`], install logging and telemetry, and turn SIGTERM/SIGINT into a cancellation.
 
 use std::sync::Arc;
 
@@ -14,7 +14,8 @@ use crate::domain::policy::{Policy, PolicyError};
 use crate::journal::{Journal, RequestLimits};
 use crate::reconcile::adapter::AdapterError;
 use crate::reconcile::{AdapterSet, Reconciler};
-use crate::store::{Database, JournalStore, StoreError};
+use crate::store::{Database, InstrumentedStore, JournalStore, StoreError};
+use crate::telemetry::{LogOptions, Metrics, Telemetry, TelemetryError, TelemetryOptions, admin};
 
 /// Why a process could not start.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +38,9 @@ pub enum StartError {
     /// The key derivation secret is unusable.
     #[error("key_derivation_secret: {0}")]
     KeyDerivation(#[from] SecretTooShort),
+    /// An `OTEL_*` setting is unusable.
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
 }
 
 /// The journal's parts, built from a configuration.
@@ -62,15 +66,21 @@ pub fn load_policy(config: &Config) -> Result<Policy, PolicyError> {
     }
 }
 
-/// Builds the components; connects lazily, so the database may still be down (and, on
-/// SQLite, the file may not exist yet: see [`prepare_database`]).
+/// Builds the components, recording into `metrics`; connects lazily, so the database may
+/// still be down (and, on SQLite, the file may not exist yet: see [`prepare_database`]).
 ///
 /// Errors: invalid policy, adapter or database URL.
-pub fn build(config: &Config) -> Result<Components, StartError> {
+pub fn build(config: &Config, metrics: &Metrics) -> Result<Components, StartError> {
     let policy = Arc::new(load_policy(config)?);
     let adapters = AdapterSet::from_policy(&policy)?;
     let database = Database::connect_lazy(&config.database_url, config.max_connections)?;
-    let mut parts = components_with_limits(database, policy, adapters, config.request_limits());
+    let mut parts = components_with_telemetry(
+        database,
+        policy,
+        adapters,
+        config.request_limits(),
+        metrics.clone(),
+    );
     if let Some(secret) = &config.key_derivation_secret {
         let deriver = KeyDeriver::new(secret.expose().as_bytes())?;
         parts.journal = parts.journal.with_key_deriver(deriver);
@@ -89,30 +99,48 @@ pub fn components(
     components_with_limits(database, policy, adapters, RequestLimits::default())
 }
 
-/// Assembles components over an existing database, with `limits`.
+/// Assembles components over an existing database, with `limits`, recording no metrics.
 pub fn components_with_limits(
     database: impl Into<Database>,
     policy: Arc<Policy>,
     adapters: AdapterSet,
     limits: RequestLimits,
 ) -> Components {
+    components_with_telemetry(database, policy, adapters, limits, Metrics::disabled())
+}
+
+/// Assembles components over an existing database, with `limits`, recording into `metrics`:
+/// the journal and the reconciler see the store through [`InstrumentedStore`] (store spans
+/// and errors).
+pub fn components_with_telemetry(
+    database: impl Into<Database>,
+    policy: Arc<Policy>,
+    adapters: AdapterSet,
+    limits: RequestLimits,
+    metrics: Metrics,
+) -> Components {
     let database = database.into();
-    let store = database.store();
+    let store: Arc<dyn JournalStore> = Arc::new(InstrumentedStore::new(
+        database.store(),
+        metrics.clone(),
+        database.backend().otel_system(),
+    ));
     Components {
-        journal: Journal::new(store.clone(), policy.clone(), limits.clone()),
+        journal: Journal::new(store.clone(), policy.clone(), limits.clone())
+            .with_metrics(metrics.clone()),
         reconciler: Reconciler::new(store.clone(), policy, adapters, default_actor())
-            .with_limits(limits),
+            .with_limits(limits)
+            .with_metrics(metrics),
         store,
         database,
     }
 }
 
 /// The server's settings from the configuration: lifecycle, bearer tokens, TLS files (read
-/// and checked now) and the message size limit. Logs a warning when authentication is off
-/// on an address other than loopback.
+/// and checked now) and the message size limit; RPC metrics go to `metrics`.
 ///
 /// Errors: invalid tokens, or an unusable certificate file (naming the setting).
-pub fn serve_options(config: &Config) -> Result<ServeOptions, StartError> {
+pub fn serve_options(config: &Config, metrics: &Metrics) -> Result<ServeOptions, StartError> {
     let registry = config.token_registry()?;
     let tls = match (&config.tls_cert_file, &config.tls_key_file) {
         (Some(cert_file), Some(key_file)) => Some(tls::server_config(&ServerTlsFiles {
@@ -128,6 +156,7 @@ pub fn serve_options(config: &Config) -> Result<ServeOptions, StartError> {
         auth: Authenticator::new(registry),
         tls,
         max_message_bytes: config.max_message_bytes,
+        metrics: metrics.clone(),
     })
 }
 
@@ -210,17 +239,60 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Installs the tracing subscriber: `RUST_LOG` filter (default `info`), text or JSON lines.
+/// Installs logging only (commands that run and exit): `RUST_LOG` filter (default `info`),
+/// text or JSON lines on standard error; no spans are exported and no metrics served.
 pub fn init_tracing(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    let _ = Telemetry::disabled().install(LogOptions::from_env(format));
+}
+
+/// Builds and installs the telemetry of a long-running process named `service` (the default
+/// `service.name`): options from the `OTEL_*` variables, logs as `format` says.
+///
+/// Errors: an unsupported or unusable `OTEL_*` setting, naming it.
+pub fn init_telemetry(format: LogFormat, service: &str) -> Result<Telemetry, StartError> {
+    let options = TelemetryOptions::from_env(service)?;
+    let telemetry = Telemetry::new(&options)?;
+    telemetry.install(LogOptions::from_env(format))?;
+    tracing::info!(
+        service_name = %options.service_name,
+        tracing = options.tracing,
+        otlp_traces = options.traces.is_some(),
+        otlp_metrics = options.otlp_metrics.is_some(),
+        prometheus = options.prometheus,
+        "telemetry ready"
+    );
+    Ok(telemetry)
+}
+
+/// Serves the Prometheus scrape endpoint of `telemetry` on `address` until `shutdown`, when
+/// Prometheus is on; returns the bound address (port 0 picks one) and the server's task.
+///
+/// Errors: the address cannot be bound.
+pub async fn serve_metrics(
+    telemetry: &Telemetry,
+    address: std::net::SocketAddr,
+    shutdown: CancellationToken,
+) -> std::io::Result<Option<(std::net::SocketAddr, tokio::task::JoinHandle<()>)>> {
+    let Some(registry) = telemetry.prometheus_registry().cloned() else {
+        return Ok(None);
     };
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        if let Err(error) = admin::serve_metrics(listener, registry, shutdown).await {
+            tracing::error!(error = %error, "the metrics endpoint failed");
+        }
+    });
+    tracing::info!(address = %bound, "serving Prometheus metrics at /metrics");
+    Ok(Some((bound, task)))
+}
+
+/// Writes one line to standard output for whoever started a long-running process (its
+/// addresses); a closed standard output (the starter stopped reading) is not an error.
+pub fn announce(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 /// A token cancelled on SIGTERM or SIGINT.

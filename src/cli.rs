@@ -40,6 +40,10 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
+    /// Admin HTTP address serving Prometheus metrics at /metrics (default: 127.0.0.1:9464).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Create the database if missing and apply migrations before serving (Postgres; the
     /// embedded SQLite journal is always prepared at start).
     #[arg(long)]

@@ -49,6 +49,15 @@ pub struct Config {
     pub reconcile_claim_hold_seconds: f64,
     /// Reconcile worker: gRPC health listen address (`liveness`, `readiness`).
     pub reconciler_health_listen: SocketAddr,
+    /// Server: the admin HTTP address serving Prometheus metrics at `/metrics`
+    /// (`OPJOURNAL_METRICS_LISTEN`); not served when `OTEL_METRICS_EXPORTER` leaves out
+    /// `prometheus`.
+    pub metrics_listen: SocketAddr,
+    /// Reconcile worker: the admin HTTP address serving Prometheus metrics at `/metrics`.
+    pub reconciler_metrics_listen: SocketAddr,
+    /// Reconcile worker: seconds between samples of the backlog gauges (unknown operations,
+    /// the oldest one's age, the review queue); one indexed query per sample.
+    pub backlog_sample_seconds: f64,
     /// Reconcile worker: seconds between purges of operations past retention.
     pub purge_interval_seconds: f64,
     /// Operations deleted per purge statement.
@@ -183,6 +192,9 @@ impl Default for Config {
             reconcile_concurrency: 8,
             reconcile_claim_hold_seconds: 60.0,
             reconciler_health_listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            reconciler_metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9465)),
+            backlog_sample_seconds: 10.0,
             purge_interval_seconds: 300.0,
             purge_batch_size: 1000,
             tokens: Vec::new(),
@@ -281,6 +293,7 @@ impl Config {
             self.reconcile_claim_hold_seconds,
         )?;
         positive("purge_interval_seconds", self.purge_interval_seconds)?;
+        positive("backlog_sample_seconds", self.backlog_sample_seconds)?;
         if self.purge_batch_size < 1 {
             return Err(ConfigError("purge_batch_size: must be at least 1".into()));
         }

@@ -26,6 +26,8 @@ use crate::domain::policy::{
 };
 use crate::domain::sensitive;
 use crate::store::{JournalStore, ListQuery, NewOperation, Settlement};
+use crate::telemetry::Metrics;
+use crate::telemetry::propagation::TraceParent;
 
 /// Limits on request fields (sizes in bytes), set from the configuration.
 #[derive(Debug, Clone)]
@@ -78,6 +80,9 @@ pub struct BeginCommand {
     /// The caller confirms a new intent although the same request is registered under
     /// another key (see `duplicate_intent` in the policy).
     pub confirm_duplicate_intent: bool,
+    /// The trace context of the registering request, kept with a new operation so that its
+    /// reconcile attempts link to that trace.
+    pub trace_context: Option<TraceParent>,
 }
 
 /// The Begin answer.
@@ -127,6 +132,7 @@ pub struct Journal {
     limits: RequestLimits,
     counters: Arc<JournalCounters>,
     key_deriver: Option<Arc<KeyDeriver>>,
+    metrics: Metrics,
 }
 
 impl Journal {
@@ -138,7 +144,19 @@ impl Journal {
             limits,
             counters: Arc::default(),
             key_deriver: None,
+            metrics: Metrics::disabled(),
         }
+    }
+
+    /// The same journal recording decisions, conflicts and transitions into `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The instruments this journal records into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The same journal deriving opaque keys with `deriver` (`DeriveOperationKey`).
@@ -195,6 +213,7 @@ impl Journal {
             lease_seconds,
             references,
             confirm_duplicate_intent: false,
+            trace_context: None,
         })
     }
 
@@ -207,6 +226,15 @@ impl Journal {
     /// [`sensitive`]), `KEY_PATTERN_MISMATCH` when it does not match the action's
     /// `key_pattern`, nothing written; `UNAVAILABLE`/`STORE_UNAVAILABLE`.
     pub async fn begin(&self, command: BeginCommand) -> Result<BeginOutcome, JournalError> {
+        let outcome = self.begin_unobserved(command).await;
+        match &outcome {
+            Ok(outcome) => self.metrics.begin_decision(outcome.decision()),
+            Err(error) => self.metrics.journal_error(error),
+        }
+        outcome
+    }
+
+    async fn begin_unobserved(&self, command: BeginCommand) -> Result<BeginOutcome, JournalError> {
         let action = self
             .policy
             .action(&command.action_type)
@@ -233,8 +261,13 @@ impl Journal {
                 lease: lease_for(action),
                 lease_id: Uuid::new_v4(),
                 action_policy: recorded_policy.clone(),
+                trace_context: command
+                    .trace_context
+                    .as_ref()
+                    .map(|t| t.as_str().to_owned()),
             };
             if let Some(record) = self.store.insert_and_claim(&new).await? {
+                self.metrics.transitions(None, Status::InProgress, 1);
                 return Ok(execute(record, new.lease_id));
             }
             let Some(row) = self
@@ -281,6 +314,11 @@ impl Journal {
                         )
                         .await?;
                     if let Some(record) = claimed {
+                        self.metrics
+                            .transitions(Some(expected_status), Status::InProgress, 1);
+                        if expected_status == Status::InProgress {
+                            self.metrics.lease_expiries("begin", 1);
+                        }
                         return Ok(execute(record, lease_id));
                     }
                     // Someone else changed the row first: read it again and decide again.
@@ -348,6 +386,7 @@ impl Journal {
             return Ok(None);
         }
         let hold = rule.mode == DuplicateIntentMode::Hold && !command.confirm_duplicate_intent;
+        self.metrics.duplicate_intent(hold);
         if hold {
             self.counters
                 .duplicate_intent_held
@@ -388,38 +427,53 @@ impl Journal {
     ) -> Result<OperationRecord, JournalError> {
         let token = LeaseToken::parse(lease_token)?;
         let external_id = ExternalId::parse_optional(external_id)?;
-        let result_json = if result_json.is_empty() {
+        let value = if result_json.is_empty() {
             None
         } else {
             let limits = Limits {
                 max_bytes: self.limits.max_result_bytes,
                 max_depth: self.limits.max_json_depth,
             };
-            let value = canonical::parse_strict(result_json, &limits)
-                .map_err(|e| JournalError::invalid_json("result_json", "INVALID_RESULT", &e))?;
-            let row = self
-                .store
-                .get(&token.namespace, &token.operation_key)
-                .await?
-                .ok_or(JournalError::NotFound)?;
-            // The rules the operation was registered under, not today's file.
-            let action = row
-                .action_policy
-                .as_ref()
-                .or_else(|| self.policy.action(&row.action_type));
-            self.policy
-                .result_rules(action, ResultSource::Caller)
-                .sanitize(value)
-                .map_err(|e| e.into_error("result_json"))?
+            Some(
+                canonical::parse_strict(result_json, &limits)
+                    .map_err(|e| JournalError::invalid_json("result_json", "INVALID_RESULT", &e))?,
+            )
+        };
+        let row = self.read_for_report(&token).await?;
+        let result_json = match value {
+            None => None,
+            Some(value) => {
+                // The rules the operation was registered under, not today's file.
+                let action = row
+                    .action_policy
+                    .as_ref()
+                    .or_else(|| self.policy.action(&row.action_type));
+                self.policy
+                    .result_rules(action, ResultSource::Caller)
+                    .sanitize(value)
+                    .map_err(|e| e.into_error("result_json"))?
+            }
         };
         self.settle(
             &token,
+            &row,
             Settlement::Succeeded {
                 external_id,
                 result_json,
             },
         )
         .await
+    }
+
+    /// The row a holder reports on, read before the report: its status is the transition's
+    /// "from".
+    ///
+    /// Errors: `NOT_FOUND`/`OPERATION_NOT_FOUND`; `UNAVAILABLE`/`STORE_UNAVAILABLE`.
+    async fn read_for_report(&self, token: &LeaseToken) -> Result<OperationRecord, JournalError> {
+        self.store
+            .get(&token.namespace, &token.operation_key)
+            .await?
+            .ok_or(JournalError::NotFound)
     }
 
     /// Records a definitive rejection that proves no effect: -> `failed_final`.
@@ -437,7 +491,8 @@ impl Journal {
                 FieldViolation::new("error_code", "is required for a definitive failure"),
             )
         })?;
-        self.settle(&token, Settlement::FailedFinal { error_code })
+        let row = self.read_for_report(&token).await?;
+        self.settle(&token, &row, Settlement::FailedFinal { error_code })
             .await
     }
 
@@ -453,28 +508,23 @@ impl Journal {
         let token = LeaseToken::parse(lease_token)?;
         let error_code = ErrorCode::parse_optional(error_code)?
             .or_else(|| Some(ErrorCode::internal("unknown_outcome")));
-        let first_check_after = match self
-            .store
-            .get(&token.namespace, &token.operation_key)
-            .await?
-        {
-            // An action without a lookup goes to review at once; others wait for the first check.
-            Some(row) => row
-                .action_policy
-                .as_ref()
-                .or_else(|| self.policy.action(&row.action_type))
-                .filter(|a| {
-                    matches!(
-                        self.policy.adapter_for(a),
-                        Some((_, AdapterConfig::Http(_) | AdapterConfig::Grpc(_)))
-                    )
-                })
-                .map(|a| Duration::from_secs(u64::from(a.reconcile.first_check_after_seconds)))
-                .unwrap_or_default(),
-            None => return Err(JournalError::NotFound),
-        };
+        let row = self.read_for_report(&token).await?;
+        // An action without a lookup goes to review at once; others wait for the first check.
+        let first_check_after = row
+            .action_policy
+            .as_ref()
+            .or_else(|| self.policy.action(&row.action_type))
+            .filter(|a| {
+                matches!(
+                    self.policy.adapter_for(a),
+                    Some((_, AdapterConfig::Http(_) | AdapterConfig::Grpc(_)))
+                )
+            })
+            .map(|a| Duration::from_secs(u64::from(a.reconcile.first_check_after_seconds)))
+            .unwrap_or_default();
         self.settle(
             &token,
+            &row,
             Settlement::Unknown {
                 error_code,
                 first_check_after,
@@ -483,13 +533,35 @@ impl Journal {
         .await
     }
 
+    /// Applies a holder's report to the row read as `before`, counting the transition and
+    /// any conflict.
     async fn settle(
         &self,
         token: &LeaseToken,
+        before: &OperationRecord,
         settlement: Settlement,
     ) -> Result<OperationRecord, JournalError> {
+        let result = self.settle_unobserved(token, settlement).await;
+        match &result {
+            Ok((record, true)) => {
+                self.metrics
+                    .transitions(Some(before.status), record.status, 1);
+            }
+            Ok((_, false)) => {}
+            Err(error) => self.metrics.journal_error(error),
+        }
+        result.map(|(record, _)| record)
+    }
+
+    /// The record after the report, and whether this call changed it (a retried report is
+    /// answered from the row).
+    async fn settle_unobserved(
+        &self,
+        token: &LeaseToken,
+        settlement: Settlement,
+    ) -> Result<(OperationRecord, bool), JournalError> {
         if let Some(record) = self.store.settle(token, &settlement).await? {
-            return Ok(record);
+            return Ok((record, true));
         }
         let row = self
             .store
@@ -500,7 +572,7 @@ impl Journal {
             return Err(JournalError::LeaseLost);
         }
         if settlement.already_recorded_in(&row) {
-            return Ok(row); // a retried report after its commit
+            return Ok((row, false)); // a retried report after its commit
         }
         Err(JournalError::OutcomeAlreadyRecorded { status: row.status })
     }
@@ -519,14 +591,16 @@ impl Journal {
         if let Some(record) = self.store.renew(&token, lease).await? {
             return Ok(record);
         }
-        match self
+        let error = match self
             .store
             .get(&token.namespace, &token.operation_key)
             .await?
         {
-            None => Err(JournalError::NotFound),
-            Some(_) => Err(JournalError::LeaseLost),
-        }
+            None => JournalError::NotFound,
+            Some(_) => JournalError::LeaseLost,
+        };
+        self.metrics.journal_error(&error);
+        Err(error)
     }
 
     /// The opaque, stable key for an intent (see [`crate::domain::derived_key`]): the same
@@ -644,6 +718,20 @@ pub(crate) fn page_limit(page_size: i32, default: i64, max: i64) -> Result<i64, 
         )),
         0 => Ok(default),
         n => Ok(i64::from(n).min(max)),
+    }
+}
+
+impl BeginOutcome {
+    /// The decision's name in metrics: `execute`, `replay`, `in_progress`,
+    /// `verification_required`, `duplicate_intent_suspected`.
+    pub fn decision(&self) -> &'static str {
+        match self {
+            Self::Execute { .. } => "execute",
+            Self::Replay(_) => "replay",
+            Self::InProgress { .. } => "in_progress",
+            Self::VerificationRequired(_) => "verification_required",
+            Self::DuplicateIntentSuspected { .. } => "duplicate_intent_suspected",
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! [`store::JournalStore`] trait; [`journal`] holds the use cases; [`reconcile`] asks
 //! providers what really happened through provider adapters; [`api`] exposes it all over
 //! gRPC; [`ops`] holds the operator commands, gRPC clients of that API. [`sandbox`] is a
-//! fake HTTP provider for tests, demos and local stands.
+//! fake HTTP provider for tests, demos and local stands. [`telemetry`] holds traces, metrics
+//! and logs.
 
 pub mod api;
 pub mod app;
@@ -19,3 +20,4 @@ pub mod proto;
 pub mod reconcile;
 pub mod sandbox;
 pub mod store;
+pub mod telemetry;

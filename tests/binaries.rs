@@ -93,6 +93,8 @@ async fn the_reconcile_worker_serves_health_settles_work_and_stops_on_sigterm(po
         policy.display().to_string(),
         "--health-listen".to_owned(),
         "127.0.0.1:0".to_owned(),
+        "--metrics-listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
     ];
     let (child, address) = start(
         env!("CARGO_BIN_EXE_opjournal-reconciler"),
@@ -135,6 +137,8 @@ async fn the_server_binary_serves_and_stops_on_sigterm(pool: PgPool) {
     let args = [
         "serve".to_owned(),
         "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--metrics-listen".to_owned(),
         "127.0.0.1:0".to_owned(),
         "--database-url".to_owned(),
         app.database_url(),

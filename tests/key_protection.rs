@@ -249,6 +249,8 @@ async fn serve(database_url: &str, secret: &str, log: &std::path::Path) -> (Chil
             "serve",
             "--listen",
             "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
             "--database-url",
             database_url,
         ])
@@ -475,6 +477,7 @@ async fn keys_registered_before_the_screening_or_the_pattern_still_get_their_ans
             lease: Duration::from_secs(30),
             lease_id: uuid::Uuid::new_v4(),
             action_policy: serde_json::json!({}),
+            trace_context: None,
         })
         .await
         .unwrap();

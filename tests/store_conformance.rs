@@ -156,6 +156,7 @@ fn new_operation(key: &str, lease: Duration) -> NewOperation {
         lease,
         lease_id: Uuid::new_v4(),
         action_policy: serde_json::json!({}),
+        trace_context: None,
     }
 }
 

@@ -280,6 +280,7 @@ async fn the_operator_console_reaches_the_server_binary_over_mutual_tls_with_a_t
 
     let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
         .args(["serve", "--config", &config_arg, "--listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .args(["--database-url", &database_url])
         .env("RUST_LOG", "debug")
         .env_remove("OPJOURNAL_TOKENS")

@@ -10,6 +10,7 @@ use crate::domain::model::OperationRecord;
 use crate::journal::{BeginCommand, BeginOutcome, Journal};
 use crate::proto;
 use crate::proto::operation_journal_server::{OperationJournal, OperationJournalServer};
+use crate::telemetry::propagation;
 
 /// The `opjournal.v1.OperationJournal` service.
 #[derive(Clone)]
@@ -31,12 +32,12 @@ impl JournalService {
 
 #[tonic::async_trait]
 impl OperationJournal for JournalService {
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/BeginOperation", decision))]
     async fn begin_operation(
         &self,
         request: Request<proto::BeginOperationRequest>,
     ) -> Result<Response<proto::BeginOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::BeginOperation)?;
+        let trace_context = propagation::registering_trace_context(request.metadata().as_ref());
         let r = request.into_inner();
         check_namespace(&caller, &r.namespace)?;
         let command = self.journal.parse_begin(
@@ -49,17 +50,17 @@ impl OperationJournal for JournalService {
         )?;
         let command = BeginCommand {
             confirm_duplicate_intent: r.confirm_duplicate_intent,
+            trace_context,
             ..command
         };
         let outcome = self.journal.begin(command).await?;
-        let answer = |decision: proto::Decision, record: &OperationRecord| {
-            tracing::Span::current().record("decision", decision.as_str_name());
-            proto::BeginOperationResponse {
+        tracing::Span::current().record("opjournal.begin.decision", outcome.decision());
+        let answer =
+            |decision: proto::Decision, record: &OperationRecord| proto::BeginOperationResponse {
                 decision: decision.into(),
                 operation: Some(convert::operation(record)),
                 ..Default::default()
-            }
-        };
+            };
         let response = match outcome {
             BeginOutcome::Execute { record, token } => proto::BeginOperationResponse {
                 lease_token: token.encode(),
@@ -76,20 +77,15 @@ impl OperationJournal for JournalService {
             BeginOutcome::VerificationRequired(record) => {
                 answer(proto::Decision::VerificationRequired, &record)
             }
-            BeginOutcome::DuplicateIntentSuspected { other_key } => {
-                let decision = proto::Decision::DuplicateIntentSuspected;
-                tracing::Span::current().record("decision", decision.as_str_name());
-                proto::BeginOperationResponse {
-                    decision: decision.into(),
-                    duplicate_of_operation_key: other_key,
-                    ..Default::default()
-                }
-            }
+            BeginOutcome::DuplicateIntentSuspected { other_key } => proto::BeginOperationResponse {
+                decision: proto::Decision::DuplicateIntentSuspected.into(),
+                duplicate_of_operation_key: other_key,
+                ..Default::default()
+            },
         };
         Ok(Response::new(response))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/CompleteOperation"))]
     async fn complete_operation(
         &self,
         request: Request<proto::CompleteOperationRequest>,
@@ -106,7 +102,6 @@ impl OperationJournal for JournalService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/FailOperation"))]
     async fn fail_operation(
         &self,
         request: Request<proto::FailOperationRequest>,
@@ -120,7 +115,6 @@ impl OperationJournal for JournalService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/ReportUnknownOutcome"))]
     async fn report_unknown_outcome(
         &self,
         request: Request<proto::ReportUnknownOutcomeRequest>,
@@ -137,7 +131,6 @@ impl OperationJournal for JournalService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/RenewLease"))]
     async fn renew_lease(
         &self,
         request: Request<proto::RenewLeaseRequest>,
@@ -151,7 +144,6 @@ impl OperationJournal for JournalService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/GetOperation"))]
     async fn get_operation(
         &self,
         request: Request<proto::GetOperationRequest>,
@@ -165,7 +157,6 @@ impl OperationJournal for JournalService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/DeriveOperationKey"))]
     async fn derive_operation_key(
         &self,
         request: Request<proto::DeriveOperationKeyRequest>,
@@ -181,7 +172,6 @@ impl OperationJournal for JournalService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.OperationJournal/ListOperations"))]
     async fn list_operations(
         &self,
         request: Request<proto::ListOperationsRequest>,

@@ -28,6 +28,8 @@ use crate::journal::Journal;
 use crate::proto;
 use crate::reconcile::Reconciler;
 use crate::store::JournalStore;
+use crate::telemetry::Metrics;
+use crate::telemetry::grpc::RpcTelemetryLayer;
 pub use auth::Authenticator;
 pub use journal_service::JournalService;
 pub use reconciler_service::ReconcilerService;
@@ -36,7 +38,8 @@ pub use reconciler_service::ReconcilerService;
 pub const LIVENESS: &str = "liveness";
 /// Health entry that follows the database check.
 pub const READINESS: &str = "readiness";
-const SERVICES: &[&str] = &["opjournal.v1.OperationJournal", "opjournal.v1.Reconciler"];
+/// The gRPC services the server serves, fully qualified.
+pub const SERVICES: &[&str] = &["opjournal.v1.OperationJournal", "opjournal.v1.Reconciler"];
 
 /// Largest request message the server decodes by default, in bytes (1 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
@@ -56,6 +59,9 @@ pub struct ServeOptions {
     /// Largest request message decoded, in bytes; a larger one is refused by the transport
     /// with `OUT_OF_RANGE` before any handler runs.
     pub max_message_bytes: usize,
+    /// Where `rpc.server.call.duration` is recorded (one server span per journal RPC is
+    /// made whenever tracing is on; see [`crate::telemetry::grpc`]).
+    pub metrics: Metrics,
 }
 
 impl Default for ServeOptions {
@@ -66,6 +72,7 @@ impl Default for ServeOptions {
             auth: Authenticator::disabled(),
             tls: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            metrics: Metrics::disabled(),
         }
     }
 }
@@ -95,6 +102,7 @@ pub async fn serve(
     if let Some(tls) = options.tls.clone() {
         builder = builder.tls_config(tls)?;
     }
+    let mut builder = builder.layer(RpcTelemetryLayer::new(options.metrics.clone()));
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status(LIVENESS, ServingStatus::Serving)

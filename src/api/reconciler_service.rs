@@ -33,7 +33,6 @@ impl ReconcilerService {
 
 #[tonic::async_trait]
 impl ReconcilerRpc for ReconcilerService {
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.Reconciler/ReconcileOperation"))]
     async fn reconcile_operation(
         &self,
         request: Request<proto::ReconcileOperationRequest>,
@@ -59,7 +58,6 @@ impl ReconcilerRpc for ReconcilerService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.Reconciler/ListOperationsForReview"))]
     async fn list_operations_for_review(
         &self,
         request: Request<proto::ListOperationsForReviewRequest>,
@@ -77,7 +75,6 @@ impl ReconcilerRpc for ReconcilerService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.Reconciler/ResolveOperation"))]
     async fn resolve_operation(
         &self,
         request: Request<proto::ResolveOperationRequest>,
@@ -124,7 +121,6 @@ impl ReconcilerRpc for ReconcilerService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc.method = "opjournal.v1.Reconciler/GetOperationHistory"))]
     async fn get_operation_history(
         &self,
         request: Request<proto::GetOperationHistoryRequest>,

@@ -2,7 +2,8 @@
 //! unknown operations up through each action's provider adapter, and escalates what cannot
 //! be proven to human review. Run any number of replicas on Postgres; on the embedded SQLite
 //! journal, run it beside the server on the same machine and file (it prepares the file if
-//! the server has not yet).
+//! the server has not yet). Serves gRPC health and, on an admin HTTP port, Prometheus metrics
+//! (with the backlog gauges, sampled here).
 
 use std::net::SocketAddr;
 
@@ -12,8 +13,10 @@ use opjournal::cli::CommonFlags;
 use opjournal::config::Config;
 use opjournal::reconcile::worker::{Worker, WorkerConfig};
 use opjournal::store::Backend;
+use opjournal::telemetry::Telemetry;
 use opjournal::{api, app};
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Serialize)]
 #[command(version, about = "The opjournal reconcile worker")]
@@ -28,6 +31,13 @@ struct Cli {
         skip_serializing_if = "Option::is_none"
     )]
     health_listen: Option<SocketAddr>,
+    /// Admin HTTP address serving Prometheus metrics at /metrics (default: 127.0.0.1:9465).
+    #[arg(long)]
+    #[serde(
+        rename = "reconciler_metrics_listen",
+        skip_serializing_if = "Option::is_none"
+    )]
+    metrics_listen: Option<SocketAddr>,
     /// Run one poll (sweep, claim, look up) and exit; exit code 1 if the store is unreachable.
     #[arg(long)]
     #[serde(skip)]
@@ -38,8 +48,18 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = Config::load(cli.common.config.as_ref(), &cli)?;
-    app::init_tracing(config.log_format);
-    let parts = app::build(&config)?;
+    let telemetry = app::init_telemetry(config.log_format, "opjournal-reconciler")?;
+    let result = run(&cli, &config, &telemetry).await;
+    if let Err(error) = &result {
+        tracing::error!(error = %format!("{error:#}"), "the reconcile worker stopped on an error");
+    }
+    // Spans and metrics of the last attempts are exported before the process exits.
+    telemetry.shutdown().await;
+    result
+}
+
+async fn run(cli: &Cli, config: &Config, telemetry: &Telemetry) -> anyhow::Result<()> {
+    let parts = app::build(config, telemetry.metrics())?;
     app::log_database(&parts.database);
     if parts.database.backend() == Backend::Sqlite {
         app::prepare_database(&config.database_url, &parts.database)
@@ -47,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
             .context("prepare the journal file")?;
     }
     let worker = Worker::new(
-        parts.reconciler,
+        parts.reconciler.clone(),
         WorkerConfig {
             poll_interval: Config::seconds(config.reconcile_poll_seconds),
             batch_size: config.reconcile_batch_size,
@@ -57,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
             purge_batch_size: config.purge_batch_size,
         },
     );
-    let policy = app::load_policy(&config)?;
+    let policy = app::load_policy(config)?;
     worker
         .check_claim_hold(&policy)
         .map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
@@ -79,16 +99,46 @@ async fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", config.reconciler_health_listen))?;
         let address = listener.local_addr()?;
-        println!("opjournal-reconciler health on {address}");
+        app::announce(&format!("opjournal-reconciler health on {address}"));
+        // The metrics endpoint outlives the worker's last poll, so the last scrape sees it.
+        let admin_stop = CancellationToken::new();
+        let admin = app::serve_metrics(
+            telemetry,
+            config.reconciler_metrics_listen,
+            admin_stop.clone(),
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (metrics)",
+                config.reconciler_metrics_listen
+            )
+        })?;
+        if let Some((metrics_address, _)) = &admin {
+            app::announce(&format!(
+                "opjournal-reconciler metrics on http://{metrics_address}/metrics"
+            ));
+        }
+        let store = parts.reconciler.store().clone();
         let health = tokio::spawn(api::serve_health(
-            parts.store.clone(),
+            store.clone(),
             listener,
             Config::seconds(config.readiness_interval_seconds),
             shutdown.clone(),
         ));
+        let sampler = tokio::spawn(telemetry.metrics().clone().run_backlog_sampler(
+            store,
+            Config::seconds(config.backlog_sample_seconds),
+            shutdown.clone(),
+        ));
         tracing::info!(%address, "reconcile worker started");
         worker.run(shutdown).await;
+        let _ = sampler.await;
         health.await??;
+        admin_stop.cancel();
+        if let Some((_, task)) = admin {
+            let _ = task.await;
+        }
         tracing::info!("reconcile worker stopped");
     }
     parts.database.close().await;

@@ -198,6 +198,7 @@ mod tests {
             review_reason: None,
             last_actor_kind: crate::domain::model::ActorKind::Client,
             action_policy: None,
+            trace_context: None,
             created_at: now,
             updated_at: now,
             observed_at: now,

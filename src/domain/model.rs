@@ -311,6 +311,10 @@ pub struct OperationRecord {
     /// The action policy the operation was registered under; `None` for operations
     /// registered before policies were recorded (the current policy applies to them).
     pub action_policy: Option<crate::domain::policy::ActionPolicy>,
+    /// The W3C `traceparent` of the request that registered the operation (see
+    /// [`crate::telemetry::propagation`]); reconcile attempts link their spans to it. `None`
+    /// when that request carried no trace context and tracing was off.
+    pub trace_context: Option<String>,
     /// First registration (database clock).
     pub created_at: DateTime<Utc>,
     /// Last change (database clock).

@@ -61,7 +61,23 @@ pub enum Observation {
     },
 }
 
-/// A way to look operations up at one provider.
+impl Observation {
+    /// Its kind, for metrics and spans: `succeeded`, `failed`, `pending`, `not_found`,
+    /// `lookup_failed`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Succeeded { .. } => "succeeded",
+            Self::Failed { .. } => "failed",
+            Self::Pending => "pending",
+            Self::NotFound { .. } => "not_found",
+            Self::LookupFailed { .. } => "lookup_failed",
+        }
+    }
+}
+
+/// A way to look operations up at one provider. The reconciler calls it inside the lookup's
+/// client span: an adapter passes that span's W3C trace context on to the provider
+/// ([`crate::telemetry::propagation::inject_current`]).
 #[async_trait]
 pub trait ProviderAdapter: Send + Sync {
     /// Looks the operation up. Never fails: a failed lookup is an observation.
@@ -266,10 +282,12 @@ impl ProviderAdapter for HttpAdapter {
                 code: "not_addressable".into(),
             };
         };
+        let mut headers = self.headers.clone();
+        crate::telemetry::propagation::inject_current(&mut headers);
         let response = match self
             .client
             .get(&url)
-            .headers(self.headers.clone())
+            .headers(headers)
             .header(reqwest::header::ACCEPT, "application/json")
             .send()
             .await

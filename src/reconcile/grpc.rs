@@ -50,6 +50,8 @@ impl ProviderAdapter for GrpcAdapter {
             external_id: request.external_id.clone().unwrap_or_default(),
             references: request.references.clone().into_iter().collect(),
         };
+        let mut call = tonic::Request::new(call);
+        crate::telemetry::propagation::inject_current(call.metadata_mut().as_mut());
         let response = match self.client.clone().lookup_operation(call).await {
             Ok(response) => response.into_inner(),
             Err(status) => {

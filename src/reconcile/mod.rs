@@ -34,7 +34,12 @@ use crate::domain::policy::{ActionPolicy, OnUnresolved, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
 use crate::journal::{PageToken, RequestLimits, page_limit};
 use crate::store::{JournalStore, Resolution};
+use crate::telemetry::Metrics;
+use crate::telemetry::propagation::TraceParent;
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
+use tracing::Instrument as _;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// What was done with an observation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +56,21 @@ pub enum ReconcileAction {
     Escalated,
     /// The row changed while the lookup ran; nothing was applied.
     Superseded,
+}
+
+impl ReconcileAction {
+    /// Its name in metrics and spans: `marked_succeeded`, `marked_failed`,
+    /// `released_for_retry`, `kept_unknown`, `escalated`, `superseded`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MarkedSucceeded => "marked_succeeded",
+            Self::MarkedFailed => "marked_failed",
+            Self::ReleasedForRetry => "released_for_retry",
+            Self::KeptUnknown => "kept_unknown",
+            Self::Escalated => "escalated",
+            Self::Superseded => "superseded",
+        }
+    }
 }
 
 /// The result of one reconcile attempt.
@@ -92,6 +112,7 @@ pub struct Reconciler {
     actor: String,
     lookup_hold: Duration,
     limits: RequestLimits,
+    metrics: Metrics,
 }
 
 impl Reconciler {
@@ -111,7 +132,19 @@ impl Reconciler {
             actor: actor.into(),
             lookup_hold,
             limits: RequestLimits::default(),
+            metrics: Metrics::disabled(),
         }
+    }
+
+    /// The same reconciler recording attempts, lookups and transitions into `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The instruments this reconciler records into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The same reconciler applying `limits` to reviewers' results and review pages.
@@ -161,16 +194,86 @@ impl Reconciler {
         let record = self
             .store
             .claim_for_reconcile(&namespace, &key, self.lookup_hold)
-            .await?
-            .ok_or(JournalError::ReconcileInProgress)?;
-        let observation = adapter.lookup(&lookup_request(&record)).await;
-        let observation = self.sanitize(observation, &action, name);
-        self.apply(record, &action, Some(observation)).await
+            .await
+            .map_err(JournalError::from)
+            .and_then(|claimed| claimed.ok_or(JournalError::ReconcileInProgress))
+            .inspect_err(|error| self.metrics.journal_error(error))?;
+        let span = attempt_span(&record, "request");
+        let attempt = async {
+            let observation = self.lookup(name, adapter.as_ref(), &record).await;
+            let observation = self.sanitize(observation, &action, name);
+            self.apply(record, &action, Some(observation)).await
+        };
+        self.observe_attempt(name, attempt.instrument(span.clone()), &span)
+            .await
+    }
+
+    /// Asks `adapter` about `record` in a client span, timing the lookup.
+    async fn lookup(
+        &self,
+        name: &str,
+        adapter: &dyn ProviderAdapter,
+        record: &OperationRecord,
+    ) -> Observation {
+        let span = tracing::info_span!(
+            "lookup",
+            otel.name = %format_args!("lookup {name}"),
+            otel.kind = "client",
+            opjournal.adapter = name,
+            opjournal.lookup.observation = Empty,
+        );
+        let started = std::time::Instant::now();
+        let observation = adapter
+            .lookup(&lookup_request(record))
+            .instrument(span.clone())
+            .await;
+        self.metrics
+            .lookup(name, observation.kind(), started.elapsed());
+        span.record("opjournal.lookup.observation", observation.kind());
+        observation
+    }
+
+    /// Runs one reconcile attempt in `span`, counting its outcome under `adapter`.
+    async fn observe_attempt(
+        &self,
+        adapter: &str,
+        attempt: impl std::future::Future<Output = Result<ReconcileReport, JournalError>>,
+        span: &tracing::Span,
+    ) -> Result<ReconcileReport, JournalError> {
+        let result = attempt.await;
+        let outcome = match &result {
+            Ok(report) => report.action.as_str(),
+            Err(_) => "error",
+        };
+        self.metrics.reconcile_outcome(adapter, outcome);
+        span.record("opjournal.reconcile.outcome", outcome);
+        if result.is_err() {
+            span.record("otel.status_code", "error");
+        }
+        result
     }
 
     /// Reconciles a record the worker claimed. An action without a lookup is escalated to
     /// review at once: it is never re-sent automatically.
     pub async fn reconcile_claimed(
+        &self,
+        record: OperationRecord,
+    ) -> Result<ReconcileReport, JournalError> {
+        let span = attempt_span(&record, "worker");
+        let adapter = self
+            .action_policy(&record)
+            .ok()
+            .and_then(|action| {
+                self.adapter_for(&record, &action)
+                    .map(|(name, _)| name.to_owned())
+            })
+            .unwrap_or_else(|| "none".to_owned());
+        let attempt = self.reconcile_claimed_unobserved(record);
+        self.observe_attempt(&adapter, attempt.instrument(span.clone()), &span)
+            .await
+    }
+
+    async fn reconcile_claimed_unobserved(
         &self,
         record: OperationRecord,
     ) -> Result<ReconcileReport, JournalError> {
@@ -200,7 +303,7 @@ impl Reconciler {
         };
         let observation = match self.adapter_for(&record, &action) {
             Some((name, adapter)) => {
-                let observation = adapter.lookup(&lookup_request(&record)).await;
+                let observation = self.lookup(name, adapter.as_ref(), &record).await;
                 Some(self.sanitize(observation, &action, name))
             }
             None => None,
@@ -270,7 +373,11 @@ impl Reconciler {
             .resolve(&record, &resolution, &attribution, observation.is_some())
             .await?;
         let (record, action) = match applied {
-            Some(updated) => (updated, action_of(&resolution)),
+            Some(updated) => {
+                self.metrics
+                    .transitions(Some(record.status), updated.status, 1);
+                (updated, action_of(&resolution))
+            }
             None => (self.current(&record).await?, ReconcileAction::Superseded),
         };
         Ok(ReconcileReport {
@@ -294,6 +401,27 @@ impl Reconciler {
     /// `NOT_FOUND`/`OPERATION_NOT_FOUND`; `FAILED_PRECONDITION`/`OPERATION_CHANGED` when
     /// the operation is no longer unknown at that attempt.
     pub async fn resolve_by_reviewer(
+        &self,
+        namespace: &str,
+        operation_key: &str,
+        expected_attempt: i32,
+        reviewer: &str,
+        reason: &str,
+        decision: ReviewDecision,
+    ) -> Result<OperationRecord, JournalError> {
+        self.resolve_by_reviewer_unobserved(
+            namespace,
+            operation_key,
+            expected_attempt,
+            reviewer,
+            reason,
+            decision,
+        )
+        .await
+        .inspect_err(|error| self.metrics.journal_error(error))
+    }
+
+    async fn resolve_by_reviewer_unobserved(
         &self,
         namespace: &str,
         operation_key: &str,
@@ -346,7 +474,11 @@ impl Reconciler {
             .resolve(&current, &resolution, &attribution, false)
             .await?
         {
-            Some(record) => Ok(record),
+            Some(record) => {
+                self.metrics
+                    .transitions(Some(current.status), record.status, 1);
+                Ok(record)
+            }
             None => {
                 let now = self.current(&current).await?;
                 Err(JournalError::OperationChanged {
@@ -463,6 +595,25 @@ fn sanitize_observation(observation: Observation, rules: &ResultRules<'_>) -> Ob
         }
         other => other,
     }
+}
+
+/// The span of one reconcile attempt (`trigger`: `worker` or `request`), linked to the trace
+/// of the request that registered the operation. It names the action type, never the key.
+fn attempt_span(record: &OperationRecord, trigger: &'static str) -> tracing::Span {
+    let span = tracing::info_span!(
+        "reconcile",
+        otel.name = "reconcile",
+        otel.kind = "internal",
+        otel.status_code = Empty,
+        opjournal.action_type = %record.action_type,
+        opjournal.reconcile.trigger = trigger,
+        opjournal.reconcile.attempt = record.reconcile_attempts.saturating_add(1),
+        opjournal.reconcile.outcome = Empty,
+    );
+    if let Some(registered) = record.trace_context.as_deref().and_then(TraceParent::parse) {
+        span.add_link(registered.span_context());
+    }
+    span
 }
 
 fn lookup_request(record: &OperationRecord) -> LookupRequest {

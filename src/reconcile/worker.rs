@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{ReconcileAction, Reconciler};
+use crate::domain::model::Status;
 use crate::store::{JournalStore, StoreError};
 
 /// Deletes terminal operations past their retention in batches of `batch_size`, at most
@@ -119,6 +120,9 @@ impl Worker {
                 .await?,
             ..TickStats::default()
         };
+        let metrics = self.reconciler.metrics();
+        metrics.lease_expiries("sweep", stats.swept);
+        metrics.transitions(Some(Status::InProgress), Status::Unknown, stats.swept);
         // Claim only as many as run at once: a claimed operation is looked up at once, so the
         // claim hold only has to outlast one lookup, never a queue of them.
         let chunk = i64::try_from(self.config.concurrency.max(1)).unwrap_or(i64::MAX);

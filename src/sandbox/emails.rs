@@ -75,10 +75,15 @@ pub(crate) async fn send(
 /// this reference plus `count`, or 404.
 pub(crate) async fn by_reference(
     State(sandbox): State<Sandbox>,
+    headers: HeaderMap,
     reference: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let reference = path_param(reference)?;
-    let found = sandbox.lock().email_by_reference(&reference);
+    let found = {
+        let mut store = sandbox.lock();
+        crate::sandbox::payments::note_traceparent(&mut store, &reference, &headers);
+        store.email_by_reference(&reference)
+    };
     found
         .map(|(email, count)| Json(EmailLookup { email, count }).into_response())
         .ok_or_else(|| ApiError::not_found("no e-mail with this external reference"))

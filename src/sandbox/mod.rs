@@ -150,6 +150,13 @@ impl Sandbox {
         self.lock().counts(key)
     }
 
+    /// The W3C `traceparent` header values that lookups of `key` (a payment's idempotency
+    /// key or an e-mail's external reference) carried, oldest first: how a test sees that a
+    /// reconcile lookup continued the journal's trace.
+    pub fn lookup_traceparents(&self, key: &str) -> Vec<String> {
+        self.lock().lookup_traceparents(key)
+    }
+
     /// Changes the lookup lag at run time; applies to lookups made from now
     /// on, including for objects stored earlier.
     pub fn set_lookup_lag(&self, lag: Duration) {

@@ -15,6 +15,17 @@ use crate::sandbox::store::PaymentOutcome;
 /// Name of the idempotency header.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
+/// Remembers the `traceparent` of a lookup of `key` (see [`Sandbox::lookup_traceparents`]).
+pub(crate) fn note_traceparent(
+    store: &mut crate::sandbox::store::Store,
+    key: &str,
+    headers: &HeaderMap,
+) {
+    if let Some(value) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+        store.note_lookup_traceparent(key, value);
+    }
+}
+
 /// Reads a percent-decoded path parameter, or answers 400 `invalid_request`.
 pub(crate) fn path_param(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     path.map(|Path(value)| value)
@@ -97,10 +108,15 @@ pub(crate) async fn create(
 /// unknown or not yet visible (lookup lag).
 pub(crate) async fn by_key(
     State(sandbox): State<Sandbox>,
+    headers: HeaderMap,
     key: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let key = path_param(key)?;
-    let found = sandbox.lock().payment_by_key(&key);
+    let found = {
+        let mut store = sandbox.lock();
+        note_traceparent(&mut store, &key, &headers);
+        store.payment_by_key(&key)
+    };
     found
         .map(|payment| Json(payment).into_response())
         .ok_or_else(|| ApiError::not_found("no payment with this idempotency key"))

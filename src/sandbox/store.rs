@@ -85,6 +85,7 @@ pub(crate) struct Store {
     emails_by_reference: HashMap<String, Vec<StoredEmail>>,
     counts: HashMap<String, KeyCounts>,
     totals: KeyCounts,
+    lookup_traceparents: HashMap<String, Vec<String>>,
 }
 
 fn now_rfc3339() -> String {
@@ -101,7 +102,26 @@ impl Store {
             emails_by_reference: HashMap::new(),
             counts: HashMap::new(),
             totals: KeyCounts::default(),
+            lookup_traceparents: HashMap::new(),
         }
+    }
+
+    /// Remembers the W3C `traceparent` a lookup of `key` carried (only valid values).
+    pub fn note_lookup_traceparent(&mut self, key: &str, traceparent: &str) {
+        if let Some(valid) = crate::telemetry::propagation::TraceParent::parse(traceparent) {
+            self.lookup_traceparents
+                .entry(key.to_owned())
+                .or_default()
+                .push(valid.to_string());
+        }
+    }
+
+    /// The `traceparent` values lookups of `key` carried, oldest first.
+    pub fn lookup_traceparents(&self, key: &str) -> Vec<String> {
+        self.lookup_traceparents
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Changes the lookup lag.

@@ -11,6 +11,7 @@
 //! means.
 
 pub mod copy;
+pub mod instrumented;
 pub mod postgres;
 pub mod sqlite;
 
@@ -30,6 +31,7 @@ use crate::domain::model::{
     OperationRecord, Status,
 };
 
+pub use instrumented::InstrumentedStore;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
@@ -51,6 +53,14 @@ impl Backend {
             Some(Self::Sqlite)
         } else {
             None
+        }
+    }
+
+    /// The OpenTelemetry `db.system.name` of the backend: `postgresql` or `sqlite`.
+    pub fn otel_system(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgresql",
+            Self::Sqlite => "sqlite",
         }
     }
 
@@ -179,6 +189,10 @@ pub struct NewOperation {
     pub lease_id: Uuid,
     /// The action policy in force, as JSON, recorded with the operation.
     pub action_policy: serde_json::Value,
+    /// The W3C `traceparent` of the registering request, in the form
+    /// `00-<32 hex trace id>-<16 hex span id>-<2 hex flags>` with non-zero ids (checked by
+    /// [`crate::telemetry::propagation::TraceParent`]); kept for the operation's life.
+    pub trace_context: Option<String>,
 }
 
 /// A lease holder's report.
@@ -282,6 +296,19 @@ pub struct ListQuery {
     pub after: Option<(DateTime<Utc>, String)>,
     /// At most this many rows.
     pub limit: i64,
+}
+
+/// The work waiting for the reconcile path and for people, for the backlog gauges of
+/// [`crate::telemetry::metrics`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BacklogStats {
+    /// Operations in `unknown`, those waiting for review included.
+    pub unknown: u64,
+    /// How long the oldest unknown operation has been unknown (since `unknown_since`), by the
+    /// database clock; `None` when no operation is unknown.
+    pub oldest_unknown_age: Option<Duration>,
+    /// Operations waiting for human review (`review_required_at` set).
+    pub review_queue: u64,
 }
 
 /// The journal's storage contract.
@@ -401,4 +428,9 @@ pub trait JournalStore: Send + Sync + 'static {
 
     /// Checks that the database answers.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Counts the unknown operations and the review queue and measures the oldest unknown
+    /// operation's age, in one read that indexes answer (never a scan of terminal rows).
+    /// Meant to be sampled every few seconds, not per request.
+    async fn backlog_stats(&self) -> Result<BacklogStats, StoreError>;
 }

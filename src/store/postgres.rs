@@ -9,7 +9,9 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, QueryBuilder, Row};
 use uuid::Uuid;
 
-use super::{JournalStore, ListQuery, NewOperation, Resolution, Settlement, StoreError};
+use super::{
+    BacklogStats, JournalStore, ListQuery, NewOperation, Resolution, Settlement, StoreError,
+};
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
 use crate::domain::model::{
@@ -25,7 +27,16 @@ const COLUMNS: &str = "namespace, operation_key, action_type, request_hash, stat
     attempt_count, external_id, result_json, error_code, lease_until, lease_id, \
     business_references, unknown_since, next_check_at, reconcile_attempts, created_at, \
     updated_at, review_required_at, review_reason, last_actor_kind, action_policy, \
-    now() AS observed_at";
+    trace_context, now() AS observed_at";
+
+/// The statement behind [`JournalStore::backlog_stats`]: partial indexes on unknown and on
+/// review-waiting rows answer each part (`agent_operations_unknown_since`,
+/// `agent_operations_review_queue`), so its cost follows the backlog, not the journal.
+pub const BACKLOG_STATS_SQL: &str = "SELECT \
+    (SELECT count(*) FROM agent_operations WHERE status = 'unknown') AS unknown, \
+    (SELECT EXTRACT(EPOCH FROM now() - min(unknown_since))::float8 \
+       FROM agent_operations WHERE status = 'unknown') AS oldest_unknown_seconds, \
+    (SELECT count(*) FROM agent_operations WHERE review_required_at IS NOT NULL) AS review_queue";
 
 /// The journal on Postgres.
 #[derive(Debug, Clone)]
@@ -141,6 +152,7 @@ fn record_from_row(row: &PgRow) -> Result<OperationRecord, StoreError> {
             let kind: String = row.try_get("last_actor_kind").map_err(get_err)?;
             ActorKind::from_db(&kind).ok_or_else(|| corrupt("last_actor_kind"))?
         },
+        trace_context: row.try_get("trace_context").map_err(get_err)?,
         created_at: row.try_get("created_at").map_err(get_err)?,
         updated_at: row.try_get("updated_at").map_err(get_err)?,
         observed_at: row.try_get("observed_at").map_err(get_err)?,
@@ -189,10 +201,10 @@ impl JournalStore for PgStore {
         let sql = format!(
             "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
                  status, attempt_count, lease_until, lease_id, business_references, \
-                 last_actor_kind, last_actor, last_reason, action_policy, created_at, \
-                 updated_at) \
+                 last_actor_kind, last_actor, last_reason, action_policy, trace_context, \
+                 created_at, updated_at) \
              VALUES ($1, $2, $3, $4, 'in_progress', 1, now() + make_interval(secs => $5), \
-                 $6, $7, 'client', '', 'registered', $8, now(), now()) \
+                 $6, $7, 'client', '', 'registered', $8, $9, now(), now()) \
              ON CONFLICT (namespace, operation_key) DO NOTHING \
              RETURNING {COLUMNS}"
         );
@@ -205,7 +217,8 @@ impl JournalStore for PgStore {
                 .bind(seconds(new.lease))
                 .bind(new.lease_id)
                 .bind(sqlx::types::Json(&new.references))
-                .bind(&new.action_policy),
+                .bind(&new.action_policy)
+                .bind(new.trace_context.as_deref()),
         )
         .await
     }
@@ -622,5 +635,24 @@ impl JournalStore for PgStore {
             .await
             .map_err(classify)?;
         Ok(())
+    }
+
+    async fn backlog_stats(&self) -> Result<BacklogStats, StoreError> {
+        let row = sqlx::query(BACKLOG_STATS_SQL)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
+        let get_err = |e: sqlx::Error| StoreError::Other(Box::new(e));
+        let unknown: i64 = row.try_get("unknown").map_err(get_err)?;
+        let review_queue: i64 = row.try_get("review_queue").map_err(get_err)?;
+        let oldest: Option<f64> = row.try_get("oldest_unknown_seconds").map_err(get_err)?;
+        Ok(BacklogStats {
+            unknown: u64::try_from(unknown).unwrap_or(0),
+            // A clock step can make a fresh row look a little younger than now.
+            oldest_unknown_age: oldest
+                .filter(|s| s.is_finite())
+                .map(|s| Duration::from_secs_f64(s.max(0.0))),
+            review_queue: u64::try_from(review_queue).unwrap_or(0),
+        })
     }
 }

@@ -39,7 +39,9 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions as _, Connection as _, QueryBuilder, Row, Sqlite};
 use uuid::Uuid;
 
-use super::{JournalStore, ListQuery, NewOperation, Resolution, Settlement, StoreError};
+use super::{
+    BacklogStats, JournalStore, ListQuery, NewOperation, Resolution, Settlement, StoreError,
+};
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
 use crate::domain::model::{
@@ -83,7 +85,7 @@ fn columns() -> String {
         "namespace, operation_key, action_type, request_hash, status, attempt_count, \
          external_id, result_json, error_code, lease_until, lease_id, business_references, \
          unknown_since, next_check_at, reconcile_attempts, created_at, updated_at, \
-         review_required_at, review_reason, last_actor_kind, action_policy, \
+         review_required_at, review_reason, last_actor_kind, action_policy, trace_context, \
          {NOW} AS observed_at"
     )
 }
@@ -327,6 +329,7 @@ fn record_from_row(row: &SqliteRow) -> Result<OperationRecord, StoreError> {
             let kind: String = row.try_get("last_actor_kind").map_err(get_err)?;
             ActorKind::from_db(&kind).ok_or_else(|| corrupt("last_actor_kind"))?
         },
+        trace_context: row.try_get("trace_context").map_err(get_err)?,
         created_at: row.try_get("created_at").map_err(get_err)?,
         updated_at: row.try_get("updated_at").map_err(get_err)?,
         observed_at: row.try_get("observed_at").map_err(get_err)?,
@@ -379,10 +382,10 @@ impl JournalStore for SqliteStore {
         let sql = format!(
             "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
                  status, attempt_count, lease_until, lease_id, business_references, \
-                 last_actor_kind, last_actor, last_reason, action_policy, created_at, \
-                 updated_at) \
+                 last_actor_kind, last_actor, last_reason, action_policy, trace_context, \
+                 created_at, updated_at) \
              VALUES ($1, $2, $3, $4, 'in_progress', 1, {lease_until}, $6, $7, 'client', '', \
-                 'registered', $8, {NOW}, {NOW}) \
+                 'registered', $8, $9, {NOW}, {NOW}) \
              ON CONFLICT (namespace, operation_key) DO NOTHING \
              RETURNING {columns}",
             lease_until = now_plus("$5"),
@@ -397,7 +400,8 @@ impl JournalStore for SqliteStore {
                 .bind(seconds(new.lease))
                 .bind(new.lease_id.hyphenated().to_string())
                 .bind(json_text(&new.references)?)
-                .bind(json_text(&new.action_policy)?),
+                .bind(json_text(&new.action_policy)?)
+                .bind(new.trace_context.as_deref()),
         )
         .await
     }
@@ -838,6 +842,34 @@ impl JournalStore for SqliteStore {
         .rows_affected();
         tx.commit().await.map_err(classify)?;
         Ok(gone)
+    }
+
+    async fn backlog_stats(&self) -> Result<BacklogStats, StoreError> {
+        // Each part is answered by a partial index (unknown_since, review_queue), as on
+        // Postgres, so the cost follows the backlog, not the journal.
+        let sql = format!(
+            "SELECT \
+               (SELECT count(*) FROM agent_operations WHERE status = 'unknown') AS unknown, \
+               (SELECT (julianday({NOW}) - julianday(min(unknown_since))) * 86400.0 \
+                  FROM agent_operations WHERE status = 'unknown') AS oldest_unknown_seconds, \
+               (SELECT count(*) FROM agent_operations WHERE review_required_at IS NOT NULL) \
+                  AS review_queue"
+        );
+        let row = sqlx::query(trusted(sql))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
+        let get_err = |e: sqlx::Error| StoreError::Other(Box::new(e));
+        let unknown: i64 = row.try_get("unknown").map_err(get_err)?;
+        let review_queue: i64 = row.try_get("review_queue").map_err(get_err)?;
+        let oldest: Option<f64> = row.try_get("oldest_unknown_seconds").map_err(get_err)?;
+        Ok(BacklogStats {
+            unknown: u64::try_from(unknown).unwrap_or(0),
+            oldest_unknown_age: oldest
+                .filter(|s| s.is_finite())
+                .map(|s| Duration::from_secs_f64(s.max(0.0))),
+            review_queue: u64::try_from(review_queue).unwrap_or(0),
+        })
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

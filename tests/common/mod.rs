@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, missing_docs)]
 
 pub mod client_suites;
+pub mod observe;
 pub mod seven_steps;
 
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ use opjournal::proto::{self, BeginOperationRequest, BeginOperationResponse, Deci
 use opjournal::reconcile::AdapterSet;
 use opjournal::sandbox::{self, KeyCounts, Sandbox, SandboxConfig};
 use opjournal::store::{Database, PgStore, SqliteStore};
+use opjournal::telemetry::Metrics;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
@@ -116,6 +118,11 @@ pub struct SpawnOptions {
     pub policy: Option<Arc<PolicyWriter>>,
     /// The secret of DeriveOperationKey; derivation is off when `None`.
     pub key_secret: Option<String>,
+    /// Where the server, the journal and the reconciler record metrics.
+    pub metrics: Metrics,
+    /// The store the server uses; the test database's pool when `None`. `TestApp::pool`
+    /// always reaches the database directly.
+    pub store: Option<PgStore>,
 }
 
 impl Default for SpawnOptions {
@@ -128,6 +135,8 @@ impl Default for SpawnOptions {
             max_message_bytes: ServeOptions::default().max_message_bytes,
             policy: None,
             key_secret: None,
+            metrics: Metrics::disabled(),
+            store: None,
         }
     }
 }
@@ -146,6 +155,8 @@ pub struct TestApp {
     pub sandbox_url: String,
     pub sandbox: Sandbox,
     pub policy_yaml: String,
+    /// The instruments the server records into (disabled unless the test gave some).
+    pub metrics: Metrics,
     shutdown: CancellationToken,
 }
 
@@ -281,8 +292,17 @@ impl TestApp {
         };
         let policy = Arc::new(Policy::parse(&policy_yaml, "test-policy.yaml").unwrap());
         let adapters = AdapterSet::from_policy(&policy).unwrap();
-        let mut parts =
-            app::components_with_limits(db.database(), policy, adapters, options.limits.clone());
+        let database: Database = match options.store.clone() {
+            Some(store) => store.into(),
+            None => db.database(),
+        };
+        let mut parts = app::components_with_telemetry(
+            database,
+            policy,
+            adapters,
+            options.limits.clone(),
+            options.metrics.clone(),
+        );
         if let Some(secret) = &options.key_secret {
             let deriver = opjournal::domain::derived_key::KeyDeriver::new(secret.as_bytes());
             parts.journal = parts.journal.with_key_deriver(deriver.unwrap());
@@ -300,6 +320,7 @@ impl TestApp {
                 auth: options.auth,
                 tls: options.tls,
                 max_message_bytes: options.max_message_bytes,
+                metrics: options.metrics.clone(),
             },
             shutdown.clone(),
         ));
@@ -327,6 +348,7 @@ impl TestApp {
             sandbox_url,
             sandbox,
             policy_yaml,
+            metrics: options.metrics,
             shutdown,
         }
     }
@@ -443,8 +465,15 @@ impl TestApp {
     pub fn worker(&self, name: &str) -> opjournal::reconcile::worker::Worker {
         let policy = Arc::new(Policy::parse(&self.policy_yaml, "test-policy.yaml").unwrap());
         let adapters = AdapterSet::from_policy(&policy).unwrap();
-        let store = self.db.database().store();
-        let reconciler = opjournal::reconcile::Reconciler::new(store, policy, adapters, name);
+        let database = self.db.database();
+        let store: Arc<dyn opjournal::store::JournalStore> =
+            Arc::new(opjournal::store::InstrumentedStore::new(
+                database.store(),
+                self.metrics.clone(),
+                database.backend().otel_system(),
+            ));
+        let reconciler = opjournal::reconcile::Reconciler::new(store, policy, adapters, name)
+            .with_metrics(self.metrics.clone());
         opjournal::reconcile::worker::Worker::new(
             reconciler,
             opjournal::reconcile::worker::WorkerConfig {

@@ -8,7 +8,9 @@ use opjournal::cli::{CommonFlags, ServeFlags};
 use opjournal::config::Config;
 use opjournal::ops::OpsCommand;
 use opjournal::store::{Backend, Database};
+use opjournal::telemetry::{Metrics, Telemetry, TelemetryOptions};
 use opjournal::{api, app, ops};
+use tokio_util::sync::CancellationToken;
 
 mod demo;
 
@@ -78,7 +80,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Migrate(flags) => {
             let config = Config::load(flags.config.as_ref(), &flags)?;
             app::init_tracing(config.log_format);
-            let parts = app::build(&config)?;
+            let parts = app::build(&config, &Metrics::disabled())?;
             app::prepare_database(&config.database_url, &parts.database)
                 .await
                 .context("migrate")?;
@@ -88,7 +90,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Purge(flags) => {
             let config = Config::load(flags.common.config.as_ref(), &flags.common)?;
             app::init_tracing(config.log_format);
-            let parts = app::build(&config)?;
+            let parts = app::build(&config, &Metrics::disabled())?;
             let purged = opjournal::reconcile::worker::purge(
                 parts.store.as_ref(),
                 flags.batch_size.unwrap_or(config.purge_batch_size),
@@ -103,8 +105,9 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::CheckConfig(flags) => {
             let config = Config::load(flags.config.as_ref(), &flags)?;
             app::install_crypto_provider();
-            app::build(&config)?;
-            app::serve_options(&config)?;
+            app::build(&config, &Metrics::disabled())?;
+            app::serve_options(&config, &Metrics::disabled())?;
+            TelemetryOptions::from_env("opjournal-server")?;
             println!("configuration and policy are valid");
             Ok(ExitCode::SUCCESS)
         }
@@ -152,10 +155,20 @@ async fn copy_journal(flags: CopyFlags) -> anyhow::Result<()> {
 
 async fn serve(flags: ServeFlags) -> anyhow::Result<()> {
     let config = Config::load(flags.common.config.as_ref(), &flags)?;
-    app::init_tracing(config.log_format);
+    let telemetry = app::init_telemetry(config.log_format, "opjournal-server")?;
     app::install_crypto_provider();
-    let parts = app::build(&config)?;
-    let options = app::serve_options(&config)?;
+    let result = run_server(&config, &telemetry).await;
+    if let Err(error) = &result {
+        tracing::error!(error = %format!("{error:#}"), "the server stopped on an error");
+    }
+    // Spans and metrics of the last calls are exported before the process exits.
+    telemetry.shutdown().await;
+    result
+}
+
+async fn run_server(config: &Config, telemetry: &Telemetry) -> anyhow::Result<()> {
+    let parts = app::build(config, telemetry.metrics())?;
+    let options = app::serve_options(config, telemetry.metrics())?;
     app::log_database(&parts.database);
     // The embedded journal needs no setup: its file and schema are made at start.
     if config.migrate_on_start || parts.database.backend() == Backend::Sqlite {
@@ -168,11 +181,26 @@ async fn serve(flags: ServeFlags) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let address = listener.local_addr()?;
     tracing::info!(%address, "opjournal serving gRPC");
-    println!("opjournal listening on {address}");
-    app::log_security(&config, &options);
+    app::announce(&format!("opjournal listening on {address}"));
+    // The metrics endpoint outlives the gRPC server's drain, so the last scrape sees it.
+    let admin_stop = CancellationToken::new();
+    let admin = app::serve_metrics(telemetry, config.metrics_listen, admin_stop.clone())
+        .await
+        .with_context(|| format!("cannot listen on {} (metrics)", config.metrics_listen))?;
+    if let Some((metrics_address, _)) = &admin {
+        app::announce(&format!(
+            "opjournal metrics on http://{metrics_address}/metrics"
+        ));
+    }
+    app::log_security(config, &options);
     let shutdown = app::shutdown_on_signals();
-    api::serve(parts.journal, parts.reconciler, listener, options, shutdown).await?;
+    let served = api::serve(parts.journal, parts.reconciler, listener, options, shutdown).await;
+    admin_stop.cancel();
+    if let Some((_, task)) = admin {
+        let _ = task.await;
+    }
     parts.database.close().await;
+    served?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -1,0 +1,351 @@
+//! The journal's metrics: OpenTelemetry instruments, exported over OTLP and as a Prometheus
+//! scrape endpoint (see docs/observability.md for the catalogue).
+//!
+//! Names follow the OpenTelemetry conventions (dotted names, UCUM units); the Prometheus
+//! exporter turns them into Prometheus names with base-unit suffixes and `_total` on counters
+//! (`rpc.server.call.duration` in `s` becomes `rpc_server_call_duration_seconds`). No
+//! attribute ever carries an idempotency key, namespace, payload or any other per-operation
+//! value: every attribute has a small, fixed set of values (statuses, reasons, RPC methods,
+//! adapter names from the policy file).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _, ObservableGauge};
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::error::JournalError;
+use crate::domain::model::Status;
+use crate::store::{BacklogStats, JournalStore, StoreError};
+
+/// The instrumentation scope name of every instrument.
+pub const SCOPE: &str = "opjournal";
+
+/// Histogram buckets for durations in seconds: the RPC semantic conventions' recommendation.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+/// The journal's instruments; cheap to clone (all clones record into the same instruments).
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Instruments>,
+}
+
+struct Instruments {
+    rpc_duration: Histogram<f64>,
+    begin_decisions: Counter<u64>,
+    conflicts: Counter<u64>,
+    transitions: Counter<u64>,
+    lease_expiries: Counter<u64>,
+    duplicate_intents: Counter<u64>,
+    reconcile_outcomes: Counter<u64>,
+    lookup_duration: Histogram<f64>,
+    store_errors: Counter<u64>,
+    backlog: Arc<Mutex<Option<BacklogSample>>>,
+    _unknown: ObservableGauge<u64>,
+    _oldest_unknown: ObservableGauge<f64>,
+    _review_queue: ObservableGauge<u64>,
+}
+
+/// The latest backlog reading and when it was taken.
+#[derive(Debug, Clone, Copy)]
+struct BacklogSample {
+    stats: BacklogStats,
+    taken: Instant,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::disabled()
+    }
+}
+
+impl Metrics {
+    /// Instruments that record nothing (for embedding and tests that do not look).
+    pub fn disabled() -> Self {
+        Self::new(&opentelemetry::metrics::noop::NoopMeterProvider::new().meter(SCOPE))
+    }
+
+    /// Creates every instrument on `meter`.
+    pub fn new(meter: &Meter) -> Self {
+        let backlog: Arc<Mutex<Option<BacklogSample>>> = Arc::default();
+        let read = |backlog: &Arc<Mutex<Option<BacklogSample>>>| {
+            let backlog = backlog.clone();
+            move || *backlog.lock().unwrap_or_else(PoisonError::into_inner)
+        };
+        let unknown = read(&backlog);
+        let oldest = read(&backlog);
+        let review = read(&backlog);
+        Self {
+            inner: Arc::new(Instruments {
+                rpc_duration: meter
+                    .f64_histogram("rpc.server.call.duration")
+                    .with_unit("s")
+                    .with_description("Duration of gRPC calls the server answered")
+                    .with_boundaries(DURATION_BUCKETS.to_vec())
+                    .build(),
+                begin_decisions: meter
+                    .u64_counter("opjournal.begin.decisions")
+                    .with_unit("{decision}")
+                    .with_description("BeginOperation answers, by decision")
+                    .build(),
+                conflicts: meter
+                    .u64_counter("opjournal.conflicts")
+                    .with_unit("{conflict}")
+                    .with_description(
+                        "Calls refused because the journal holds another state than the caller \
+                         assumed, by ErrorInfo reason",
+                    )
+                    .build(),
+                transitions: meter
+                    .u64_counter("opjournal.operation.transitions")
+                    .with_unit("{transition}")
+                    .with_description(
+                        "Status transitions made by this process, by from and to status",
+                    )
+                    .build(),
+                lease_expiries: meter
+                    .u64_counter("opjournal.lease.expiries")
+                    .with_unit("{lease}")
+                    .with_description(
+                        "Leases that ended without a report: swept to unknown by the worker, \
+                         or taken over by a Begin",
+                    )
+                    .build(),
+                duplicate_intents: meter
+                    .u64_counter("opjournal.duplicate_intents")
+                    .with_unit("{begin}")
+                    .with_description(
+                        "Begins with a new key for a request already registered, by what was done",
+                    )
+                    .build(),
+                reconcile_outcomes: meter
+                    .u64_counter("opjournal.reconcile.outcomes")
+                    .with_unit("{attempt}")
+                    .with_description("Reconcile attempts, by provider adapter and outcome")
+                    .build(),
+                lookup_duration: meter
+                    .f64_histogram("opjournal.reconcile.lookup.duration")
+                    .with_unit("s")
+                    .with_description(
+                        "Duration of provider lookups, by provider adapter and observation",
+                    )
+                    .with_boundaries(DURATION_BUCKETS.to_vec())
+                    .build(),
+                store_errors: meter
+                    .u64_counter("opjournal.store.errors")
+                    .with_unit("{error}")
+                    .with_description("Failed store calls, by store operation and error type")
+                    .build(),
+                _unknown: meter
+                    .u64_observable_gauge("opjournal.unknown.operations")
+                    .with_unit("{operation}")
+                    .with_description(
+                        "Operations whose outcome is unknown, those waiting for review included \
+                         (sampled)",
+                    )
+                    .with_callback(move |gauge| {
+                        if let Some(sample) = unknown() {
+                            gauge.observe(sample.stats.unknown, &[]);
+                        }
+                    })
+                    .build(),
+                _oldest_unknown: meter
+                    .f64_observable_gauge("opjournal.unknown.oldest_age")
+                    .with_unit("s")
+                    .with_description(
+                        "How long the oldest unknown operation has been unknown; 0 when none is",
+                    )
+                    .with_callback(move |gauge| {
+                        if let Some(sample) = oldest() {
+                            let age = sample
+                                .stats
+                                .oldest_unknown_age
+                                .map(|age| age + sample.taken.elapsed())
+                                .unwrap_or_default();
+                            gauge.observe(age.as_secs_f64(), &[]);
+                        }
+                    })
+                    .build(),
+                _review_queue: meter
+                    .u64_observable_gauge("opjournal.review.queue.size")
+                    .with_unit("{operation}")
+                    .with_description("Operations waiting for human review (sampled)")
+                    .with_callback(move |gauge| {
+                        if let Some(sample) = review() {
+                            gauge.observe(sample.stats.review_queue, &[]);
+                        }
+                    })
+                    .build(),
+                backlog,
+            }),
+        }
+    }
+
+    /// One gRPC call answered: `method` fully qualified (`opjournal.v1.OperationJournal/
+    /// BeginOperation`, `_OTHER` for an unknown one), `status_code` the gRPC code's name
+    /// (`OK`, `UNAVAILABLE`), `duration` until the last byte of the answer.
+    pub fn rpc_call(&self, method: &'static str, status_code: &'static str, duration: Duration) {
+        self.inner.rpc_duration.record(
+            duration.as_secs_f64(),
+            &[
+                KeyValue::new("rpc.system.name", "grpc"),
+                KeyValue::new("rpc.method", method),
+                KeyValue::new("rpc.response.status_code", status_code),
+            ],
+        );
+    }
+
+    /// A BeginOperation decision (`execute`, `replay`, `in_progress`,
+    /// `verification_required`, `duplicate_intent_suspected`).
+    pub fn begin_decision(&self, decision: &'static str) {
+        self.inner
+            .begin_decisions
+            .add(1, &[KeyValue::new("decision", decision)]);
+    }
+
+    /// Counts `error` if it is a conflict (the journal holds another state than the caller
+    /// assumed); other errors are counted elsewhere or not at all.
+    pub fn journal_error(&self, error: &JournalError) {
+        if let Some(reason) = conflict_reason(error) {
+            self.inner
+                .conflicts
+                .add(1, &[KeyValue::new("reason", reason)]);
+        }
+    }
+
+    /// `count` operations moved from `from` (`None`: newly registered) to `to`.
+    pub fn transitions(&self, from: Option<Status>, to: Status, count: u64) {
+        if count == 0 || from == Some(to) {
+            return;
+        }
+        self.inner.transitions.add(
+            count,
+            &[
+                KeyValue::new("from", from.map_or("none", Status::as_str)),
+                KeyValue::new("to", to.as_str()),
+            ],
+        );
+    }
+
+    /// `count` leases ended without a report, found by `detected_by` (`sweep` or `begin`).
+    pub fn lease_expiries(&self, detected_by: &'static str, count: u64) {
+        if count > 0 {
+            self.inner
+                .lease_expiries
+                .add(count, &[KeyValue::new("detected_by", detected_by)]);
+        }
+    }
+
+    /// A suspected duplicate intent, `held` or let through (`warned`).
+    pub fn duplicate_intent(&self, held: bool) {
+        let action = if held { "held" } else { "warned" };
+        self.inner
+            .duplicate_intents
+            .add(1, &[KeyValue::new("action", action)]);
+    }
+
+    /// One reconcile attempt through `adapter` (`none` when the action has no lookup) and
+    /// what it did (`marked_succeeded`, `kept_unknown`, ..., `error`).
+    pub fn reconcile_outcome(&self, adapter: &str, outcome: &'static str) {
+        self.inner.reconcile_outcomes.add(
+            1,
+            &[
+                KeyValue::new("adapter", adapter.to_owned()),
+                KeyValue::new("outcome", outcome),
+            ],
+        );
+    }
+
+    /// One provider lookup through `adapter` that took `duration` and saw `observation`
+    /// (`succeeded`, `failed`, `pending`, `not_found`, `lookup_failed`).
+    pub fn lookup(&self, adapter: &str, observation: &'static str, duration: Duration) {
+        self.inner.lookup_duration.record(
+            duration.as_secs_f64(),
+            &[
+                KeyValue::new("adapter", adapter.to_owned()),
+                KeyValue::new("observation", observation),
+            ],
+        );
+    }
+
+    /// A failed store call: `operation` is the store method, `error` what kind of failure.
+    pub fn store_error(&self, operation: &'static str, error: &StoreError) {
+        let kind = match error {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Other(_) => "other",
+        };
+        self.inner.store_errors.add(
+            1,
+            &[
+                KeyValue::new("operation", operation),
+                KeyValue::new("error.type", kind),
+            ],
+        );
+    }
+
+    /// Reads the backlog from `store` once and keeps it for the gauges; a failed read clears
+    /// them (a stale backlog is worse than none) and is returned.
+    ///
+    /// Errors: the store's.
+    pub async fn sample_backlog(&self, store: &dyn JournalStore) -> Result<(), StoreError> {
+        let result = store.backlog_stats().await;
+        let sample = result.as_ref().ok().map(|stats| BacklogSample {
+            stats: *stats,
+            taken: Instant::now(),
+        });
+        *self
+            .inner
+            .backlog
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = sample;
+        result.map(|_| ())
+    }
+
+    /// Samples the backlog every `interval` until `shutdown`; failures are logged (once per
+    /// outage) and retried at the next interval.
+    pub async fn run_backlog_sampler(
+        self,
+        store: Arc<dyn JournalStore>,
+        interval: Duration,
+        shutdown: CancellationToken,
+    ) {
+        let mut failing = false;
+        loop {
+            match self.sample_backlog(store.as_ref()).await {
+                Ok(()) => failing = false,
+                Err(error) if !failing => {
+                    tracing::warn!(error = %error, "cannot sample the backlog; gauges cleared");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+        }
+    }
+}
+
+/// The ErrorInfo reason of a conflict: an error that says the journal holds another state
+/// than the caller assumed.
+fn conflict_reason(error: &JournalError) -> Option<&'static str> {
+    Some(match error {
+        JournalError::KeyReused => "IDEMPOTENCY_KEY_REUSED",
+        JournalError::LeaseLost => "LEASE_LOST",
+        JournalError::OutcomeAlreadyRecorded { .. } => "OUTCOME_ALREADY_RECORDED",
+        JournalError::Contention => "CONCURRENT_MODIFICATION",
+        JournalError::OperationChanged { .. } => "OPERATION_CHANGED",
+        JournalError::ReconcileInProgress => "RECONCILE_IN_PROGRESS",
+        _ => return None,
+    })
+}
