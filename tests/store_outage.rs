@@ -1,0 +1,144 @@
+//! A database outage and its end, without a restart: readiness follows the database, calls
+//! are refused with UNAVAILABLE / STORE_UNAVAILABLE and change nothing, and every call
+//! acknowledged before, during or after the outage is in the journal. The outage is a TCP
+//! proxy between the server and Postgres that the test cuts and restores (the machine's
+//! Postgres is never stopped).
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::observe::{PgProxy, wait_health};
+use common::*;
+use opjournal::proto::{CompleteOperationRequest, Decision};
+use opjournal::store::PgStore;
+use sqlx::PgPool;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+async fn complete(app: &TestApp, token: &str) -> Result<(), tonic::Status> {
+    app.journal
+        .clone()
+        .complete_operation(CompleteOperationRequest {
+            lease_token: token.into(),
+            external_id: "pay_1".into(),
+            result_json: String::new(),
+        })
+        .await
+        .map(|_| ())
+}
+
+/// Every row's status, by key, read directly from Postgres.
+async fn journal(app: &TestApp) -> BTreeMap<String, String> {
+    sqlx::query_as::<_, (String, String)>("SELECT operation_key, status FROM agent_operations")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn readiness_and_calls_follow_the_database_and_recover_without_a_restart(pool: PgPool) {
+    let proxy = PgProxy::start().await;
+    let direct = {
+        let o = pool.connect_options();
+        format!(
+            "postgres://{}@{}:{}/{}",
+            o.get_username(),
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap()
+        )
+    };
+    let store = PgStore::connect_lazy(&proxy.url_for(&direct), 5).unwrap();
+    let app = TestApp::spawn_with_options(
+        pool,
+        SpawnOptions {
+            store: Some(store),
+            ..SpawnOptions::default()
+        },
+    )
+    .await;
+    wait_health(app.addr, "readiness", ServingStatus::Serving as i32).await;
+
+    // Before: three completed operations and one still held.
+    let mut expected = BTreeMap::new();
+    for i in 0..3 {
+        let key = format!("before-{i}");
+        let begin = app.begin(&key, "create_payment", PAY_817).await.unwrap();
+        assert_eq!(decision(&begin), Decision::Execute);
+        complete(&app, &begin.lease_token).await.unwrap();
+        expected.insert(key, "succeeded".to_owned());
+    }
+    let held = app
+        .begin("held-across", "create_payment", PAY_817)
+        .await
+        .unwrap();
+    expected.insert("held-across".to_owned(), "in_progress".to_owned());
+
+    // The database goes away: readiness turns NOT_SERVING, liveness stays SERVING.
+    proxy.cut();
+    wait_health(app.addr, "readiness", ServingStatus::NotServing as i32).await;
+    wait_health(
+        app.addr,
+        "opjournal.v1.OperationJournal",
+        ServingStatus::NotServing as i32,
+    )
+    .await;
+    assert_eq!(
+        common::observe::health_status(app.addr, "liveness").await,
+        ServingStatus::Serving as i32
+    );
+    // Calls are refused as retryable, and change nothing.
+    let refused = app
+        .begin("during-outage", "create_payment", PAY_817)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (refused.code(), reason(&refused).as_str()),
+        (Code::Unavailable, "STORE_UNAVAILABLE")
+    );
+    let refused = complete(&app, &held.lease_token).await.unwrap_err();
+    assert_eq!(
+        (refused.code(), reason(&refused).as_str()),
+        (Code::Unavailable, "STORE_UNAVAILABLE")
+    );
+    assert_eq!(
+        journal(&app).await,
+        expected,
+        "nothing changed during the outage"
+    );
+
+    // The database is back: readiness and calls recover in the same process.
+    proxy.restore();
+    wait_health(app.addr, "readiness", ServingStatus::Serving as i32).await;
+    wait_health(
+        app.addr,
+        "opjournal.v1.OperationJournal",
+        ServingStatus::Serving as i32,
+    )
+    .await;
+    let retried = app
+        .begin("during-outage", "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert_eq!(decision(&retried), Decision::Execute);
+    assert_eq!(retried.operation.as_ref().unwrap().attempt_count, 1);
+    complete(&app, &retried.lease_token).await.unwrap();
+    complete(&app, &held.lease_token).await.unwrap();
+    expected.insert("during-outage".to_owned(), "succeeded".to_owned());
+    expected.insert("held-across".to_owned(), "succeeded".to_owned());
+    for i in 0..3 {
+        let replay = app
+            .begin(&format!("before-{i}"), "create_payment", PAY_817)
+            .await
+            .unwrap();
+        assert_eq!(decision(&replay), Decision::Replay);
+    }
+
+    // No acknowledged operation was lost, and nothing unacknowledged was written.
+    assert_eq!(journal(&app).await, expected);
+}
