@@ -19,8 +19,19 @@ use tonic_health::pb::health_client::HealthClient;
 
 /// Starts `binary` with `args` and returns it with the address it printed after `marker`.
 async fn start(binary: &str, args: &[String], marker: &str) -> (Child, String) {
+    start_with_env(binary, args, &[], marker).await
+}
+
+/// [`start`] with extra environment variables.
+async fn start_with_env(
+    binary: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+    marker: &str,
+) -> (Child, String) {
     let mut child = Command::new(binary)
         .args(args)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -167,4 +178,162 @@ async fn the_server_binary_serves_and_stops_on_sigterm(pool: PgPool) {
         .into_inner();
     assert_eq!(decision(&begin), opjournal::proto::Decision::Execute);
     terminate(child).await;
+}
+
+/// What one client task saw of one operation.
+#[derive(Debug)]
+struct BurstCall {
+    key: String,
+    begin: Result<(), tonic::Status>,
+    complete: Option<Result<(), tonic::Status>>,
+}
+
+/// An error as the client sees a server going away: UNAVAILABLE, including the transport
+/// errors (connection refused or reset) that tonic reports while a connection closes.
+fn unavailable_as_seen(status: &tonic::Status) -> bool {
+    use std::error::Error as _;
+    status.code() == tonic::Code::Unavailable
+        || (status.code() == tonic::Code::Unknown
+            && status
+                .source()
+                .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some()))
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn sigterm_during_a_burst_leaves_no_call_half_done(pool: PgPool) {
+    use opjournal::proto::operation_journal_client::OperationJournalClient;
+    use opjournal::proto::{BeginOperationRequest, CompleteOperationRequest};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let app = TestApp::spawn(pool).await;
+    let args = [
+        "serve".to_owned(),
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--metrics-listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--database-url".to_owned(),
+        app.database_url(),
+    ];
+    let (child, address) = start_with_env(
+        env!("CARGO_BIN_EXE_opjournal"),
+        &args,
+        &[("OPJOURNAL_DRAIN_DELAY_SECONDS", "0.2")],
+        "opjournal listening on",
+    )
+    .await;
+    wait_serving(&address, "readiness").await;
+
+    // Many clients, each on its own connection, Begin and Complete as fast as they can
+    // until the server goes away.
+    let acknowledged = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..12)
+        .map(|task| {
+            let acknowledged = acknowledged.clone();
+            let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
+                .unwrap()
+                .connect_lazy();
+            tokio::spawn(async move {
+                let mut client = OperationJournalClient::new(channel);
+                let mut calls = Vec::new();
+                for i in 0..2000 {
+                    let key = format!("burst-{task}-{i}");
+                    let begin = client
+                        .begin_operation(BeginOperationRequest {
+                            operation_key: key.clone(),
+                            action_type: "burst".into(),
+                            payload_json: format!(r#"{{"task":{task},"n":{i}}}"#),
+                            ..Default::default()
+                        })
+                        .await;
+                    let token = match begin {
+                        Ok(response) => response.into_inner().lease_token,
+                        Err(status) => {
+                            calls.push(BurstCall {
+                                key,
+                                begin: Err(status),
+                                complete: None,
+                            });
+                            break;
+                        }
+                    };
+                    acknowledged.fetch_add(1, Ordering::SeqCst);
+                    let complete = client
+                        .complete_operation(CompleteOperationRequest {
+                            lease_token: token,
+                            external_id: format!("ext-{task}-{i}"),
+                            result_json: String::new(),
+                        })
+                        .await
+                        .map(|_| ());
+                    let failed = complete.is_err();
+                    if !failed {
+                        acknowledged.fetch_add(1, Ordering::SeqCst);
+                    }
+                    calls.push(BurstCall {
+                        key,
+                        begin: Ok(()),
+                        complete: Some(complete),
+                    });
+                    if failed {
+                        break;
+                    }
+                }
+                calls
+            })
+        })
+        .collect();
+
+    // SIGTERM mid-burst.
+    let started = Instant::now();
+    while acknowledged.load(Ordering::SeqCst) < 100 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the burst never got going"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    terminate(child).await;
+    let mut calls = Vec::new();
+    for task in tasks {
+        calls.extend(task.await.unwrap());
+    }
+
+    // Every call was answered OK or, as the client saw it, UNAVAILABLE.
+    let mut refused = 0;
+    for call in &calls {
+        for status in [Some(&call.begin), call.complete.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            if let Err(status) = status {
+                assert!(unavailable_as_seen(status), "{}: {status:?}", call.key);
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 12, "every client stopped on one refused call");
+
+    // The journal holds exactly what the callers were told: an acknowledged Begin is there,
+    // an acknowledged Complete settled it, a refused call changed nothing.
+    let rows: std::collections::BTreeMap<String, String> = sqlx::query_as::<_, (String, String)>(
+        "SELECT operation_key, status FROM agent_operations WHERE operation_key LIKE 'burst-%'",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    let mut expected = std::collections::BTreeMap::new();
+    for call in &calls {
+        let status = match (&call.begin, &call.complete) {
+            (Err(_), _) => continue,
+            (Ok(()), Some(Ok(()))) => "succeeded",
+            (Ok(()), _) => "in_progress",
+        };
+        expected.insert(call.key.clone(), status.to_owned());
+    }
+    assert!(expected.len() >= 50, "{} operations", expected.len());
+    assert_eq!(rows, expected);
 }
