@@ -1275,6 +1275,68 @@ async fn migrations_apply_again_without_change(fx: &Fixture) {
 }
 
 /// Instantiates every case once per backend.
+async fn backlog_stats_count_unknown_and_review_and_age_the_oldest(f: &Fixture) {
+    let empty = f.store.backlog_stats().await.unwrap();
+    assert_eq!(
+        (empty.unknown, empty.review_queue, empty.oldest_unknown_age),
+        (0, 0, None)
+    );
+    let old = f.unknown("old").await;
+    f.execute(
+        "UPDATE agent_operations SET unknown_since = now() - interval '100 seconds' \
+         WHERE operation_key = 'old'",
+        "UPDATE agent_operations \
+         SET unknown_since = strftime('%Y-%m-%dT%H:%M:%fZ', unknown_since, '-100 seconds') \
+         WHERE operation_key = 'old'",
+    )
+    .await
+    .unwrap();
+    let recent = f.unknown("recent").await;
+    f.store
+        .resolve(
+            &recent,
+            &Resolution::Escalate {
+                reason: "no_provider_lookup".into(),
+            },
+            &Attribution::worker("w", "escalated"),
+            false,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    // Neither a live lease nor a terminal operation is backlog.
+    f.register("live", LEASE).await;
+    let stats = f.store.backlog_stats().await.unwrap();
+    assert_eq!((stats.unknown, stats.review_queue), (2, 1));
+    let age = stats.oldest_unknown_age.unwrap();
+    assert!(age >= Duration::from_secs(100), "{age:?}");
+    assert!(age < Duration::from_secs(3600), "{age:?}");
+    assert_eq!(old.status, Status::Unknown);
+}
+
+async fn the_registering_trace_context_is_kept_in_its_w3c_form_only(f: &Fixture) {
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut new = new_operation("traced", LEASE);
+    new.trace_context = Some(traceparent.to_owned());
+    let record = f.store.insert_and_claim(&new).await.unwrap().unwrap();
+    assert_eq!(record.trace_context.as_deref(), Some(traceparent));
+    assert_eq!(f.get("traced").await.trace_context.as_deref(), Some(traceparent));
+    assert_eq!(f.register("untraced", LEASE).await.trace_context, None);
+    // Anything else in the column is refused by the database itself.
+    for bad in [
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        "00-payment:order-817:intent-01xxxxxxxx-00f067aa0ba902b7-01",
+    ] {
+        let sql = format!(
+            "UPDATE agent_operations SET trace_context = '{bad}' WHERE operation_key = 'untraced'"
+        );
+        assert!(f.execute_both(&sql).await.is_err(), "{bad} was stored");
+    }
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod postgres {
@@ -1324,4 +1386,28 @@ conformance!(
     purge_takes_bounded_batches,
     fifty_concurrent_begins_of_one_new_key_execute_once,
     migrations_apply_again_without_change,
+    backlog_stats_count_unknown_and_review_and_age_the_oldest,
+    the_registering_trace_context_is_kept_in_its_w3c_form_only,
 );
+
+/// The backlog gauges' statement is answered from partial indexes on Postgres, so its cost
+/// follows the backlog, not the journal.
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_backlog_statement_uses_only_partial_indexes_on_postgres(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET enable_seqscan = off")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN {}",
+        opjournal::store::postgres::BACKLOG_STATS_SQL
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+    assert!(plan.contains("agent_operations_unknown_since"), "{plan}");
+    assert!(plan.contains("agent_operations_review_queue"), "{plan}");
+}

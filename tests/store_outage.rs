@@ -142,3 +142,80 @@ async fn readiness_and_calls_follow_the_database_and_recover_without_a_restart(p
     // No acknowledged operation was lost, and nothing unacknowledged was written.
     assert_eq!(journal(&app).await, expected);
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_reconcile_workers_readiness_and_polls_recover_without_a_restart(pool: PgPool) {
+    use std::sync::Arc;
+
+    use opjournal::domain::policy::Policy;
+    use opjournal::proto::OperationStatus;
+    use opjournal::reconcile::worker::{Worker, WorkerConfig};
+    use opjournal::reconcile::{AdapterSet, Reconciler};
+    use opjournal::store::JournalStore;
+    use tokio_util::sync::CancellationToken;
+
+    let app = TestApp::spawn(pool).await;
+    let proxy = PgProxy::start().await;
+    let store: Arc<dyn JournalStore> =
+        Arc::new(PgStore::connect_lazy(&proxy.url_for(&app.database_url()), 5).unwrap());
+    // The worker and its health server, as opjournal-reconciler wires them, over the proxy.
+    let policy = Arc::new(Policy::parse(&app.policy_yaml, "test-policy.yaml").unwrap());
+    let adapters = AdapterSet::from_policy(&policy).unwrap();
+    let worker = Worker::new(
+        Reconciler::new(store.clone(), policy, adapters, "outage-worker"),
+        WorkerConfig::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(opjournal::api::serve_health(
+        store,
+        listener,
+        std::time::Duration::from_millis(200),
+        shutdown.clone(),
+    ));
+    wait_health(health, "readiness", ServingStatus::Serving as i32).await;
+
+    // An unknown payment whose effect the provider has.
+    let begin = app
+        .begin(PAYMENT_KEY, "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert!(
+        app.pay(PAYMENT_KEY, PAY_817, Some("commit-then-timeout"))
+            .await
+            .is_none()
+    );
+    app.report_unknown(&begin.lease_token).await;
+
+    proxy.cut();
+    wait_health(health, "readiness", ServingStatus::NotServing as i32).await;
+    assert_eq!(
+        common::observe::health_status(health, "liveness").await,
+        ServingStatus::Serving as i32
+    );
+    assert!(matches!(
+        worker.tick().await,
+        Err(opjournal::store::StoreError::Unavailable(_))
+    ));
+    assert_eq!(
+        app.counts(PAYMENT_KEY).lookups,
+        0,
+        "no lookup without the journal"
+    );
+    assert_eq!(
+        op_status(&app.get(PAYMENT_KEY).await),
+        OperationStatus::Unknown
+    );
+
+    proxy.restore();
+    wait_health(health, "readiness", ServingStatus::Serving as i32).await;
+    let stats = worker.tick().await.unwrap();
+    assert_eq!((stats.looked_up, stats.settled), (1, 1));
+    assert_eq!(
+        op_status(&app.get(PAYMENT_KEY).await),
+        OperationStatus::Succeeded
+    );
+    assert_eq!(app.counts(PAYMENT_KEY).effects, 1);
+    shutdown.cancel();
+}
