@@ -22,17 +22,29 @@ async fn start(binary: &str, args: &[String], marker: &str) -> (Child, String) {
     start_with_env(binary, args, &[], marker).await
 }
 
-/// [`start`] with extra environment variables.
+/// [`start`] with extra environment variables (`RUST_LOG` is `warn` unless given).
 async fn start_with_env(
     binary: &str,
     args: &[String],
     env: &[(&str, &str)],
     marker: &str,
 ) -> (Child, String) {
+    start_logging(binary, args, env, Stdio::inherit(), marker).await
+}
+
+/// [`start_with_env`] with the process's standard error going to `stderr`.
+async fn start_logging(
+    binary: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+    stderr: Stdio,
+    marker: &str,
+) -> (Child, String) {
     let mut child = Command::new(binary)
         .args(args)
-        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stderr(stderr)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -154,9 +166,12 @@ async fn the_server_binary_serves_and_stops_on_sigterm(pool: PgPool) {
         "--database-url".to_owned(),
         app.database_url(),
     ];
-    let (child, address) = start(
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let (child, address) = start_logging(
         env!("CARGO_BIN_EXE_opjournal"),
         &args,
+        &[("RUST_LOG", "info"), ("OPJOURNAL_LOG_FORMAT", "json")],
+        Stdio::from(log.reopen().unwrap()),
         "opjournal listening on",
     )
     .await;
@@ -178,6 +193,36 @@ async fn the_server_binary_serves_and_stops_on_sigterm(pool: PgPool) {
         .into_inner();
     assert_eq!(decision(&begin), opjournal::proto::Decision::Execute);
     terminate(child).await;
+
+    // Every line is JSON, and the lines of the main task and of the background tasks (the
+    // readiness check, the signal handler) are all there.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(log.path())
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let messages: Vec<&str> = lines
+        .iter()
+        .filter_map(|line| line["message"].as_str())
+        .collect();
+    for expected in [
+        "telemetry ready",
+        "opjournal serving gRPC",
+        "database reachable: ready",
+        "SIGTERM received",
+        "stopped",
+    ] {
+        assert!(
+            messages.contains(&expected),
+            "{expected:?} not in {messages:#?}"
+        );
+    }
+    for line in &lines {
+        assert!(
+            line["timestamp"].is_string() && line["level"].is_string(),
+            "{line}"
+        );
+    }
 }
 
 /// What one client task saw of one operation.

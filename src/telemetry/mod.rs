@@ -366,14 +366,17 @@ impl Telemetry {
         // The filter chooses log lines only: spans are made whatever `RUST_LOG` says.
         let filter = tracing_subscriber::EnvFilter::try_new(&logs.filter)
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // A `Targets` filter, not a closure: its interest is decided once per callsite. A
+        // closure's "sometimes" interest beside the lines' per-layer `EnvFilter` lost events
+        // emitted on other threads (tests/binaries.rs checks the log lines of every task).
         let otel = self.tracer_provider.as_ref().map(|provider| {
             tracing_opentelemetry::layer()
                 .with_tracer(provider.tracer(metrics::SCOPE))
                 .with_threads(false)
-                .with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
-                    metadata.target().starts_with("opjournal")
-                        && *metadata.level() <= tracing::Level::INFO
-                }))
+                .with_filter(
+                    tracing_subscriber::filter::Targets::new()
+                        .with_target("opjournal", tracing::Level::INFO),
+                )
         });
         let lines = match logs.format {
             LogFormat::Text => tracing_subscriber::fmt::layer()
