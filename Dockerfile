@@ -40,9 +40,12 @@ COPY config/policy.example.yaml /etc/opjournal/policy.example.yaml
 # manifests set these too.
 ENV OPJOURNAL_LISTEN=0.0.0.0:50051 \
     OPJOURNAL_RECONCILER_HEALTH_LISTEN=0.0.0.0:50052 \
+    OPJOURNAL_METRICS_LISTEN=0.0.0.0:9464 \
+    OPJOURNAL_RECONCILER_METRICS_LISTEN=0.0.0.0:9465 \
     OPJOURNAL_SANDBOX_LISTEN=0.0.0.0:8081
-# gRPC (server), gRPC health (reconcile worker), HTTP (sandbox).
-EXPOSE 50051 50052 8081
+# gRPC (server), gRPC health (reconcile worker), Prometheus metrics (server, worker), HTTP
+# (sandbox).
+EXPOSE 50051 50052 9464 9465 8081
 USER 65532:65532
 # Without a database URL the journal is an embedded file under the working directory: give it
 # one the non-root user owns (mount a volume there to keep it). Kubernetes sets a Postgres URL.

@@ -1,6 +1,7 @@
 """Checks what schemas cannot see in a rendered overlay: selectors that select, probes on the
-right port and health entry, a grace period that covers the drain, the security context, the
-image's binaries, and Secrets referenced, never written.
+right port and health entry, a grace period that covers the drain, the metrics port and its
+scrape annotations, the security context, the image's binaries, and Secrets referenced, never
+written.
 
     python check_manifests.py OVERLAY_NAME RENDERED.yaml [--dockerfile Dockerfile]
                               [--policy-bin OPJOURNAL_BINARY]
@@ -132,6 +133,30 @@ def grpc_probe(where: str, c: dict, probe: str, port: int | None, service: str) 
         problem(where, f"{probe} must ask for the health entry {service!r}")
 
 
+def check_metrics(where: str, template: dict, c: dict, variable: str) -> None:
+    """The admin port serving /metrics: listened on every address, declared as the container
+    port named metrics, and the one the Prometheus scrape annotations name."""
+    listen = env_value(c, variable)
+    if not listen or not listen.startswith("0.0.0.0:"):
+        problem(where, f"{variable} must listen on every address (Prometheus scrapes the "
+                f"pod's IP), not {listen!r}")
+        return
+    ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+    if ports.get("metrics") != port_of(listen):
+        problem(where, f"the container port named metrics ({ports.get('metrics')}) is not "
+                f"{listen}")
+    annotations = template["metadata"].get("annotations", {})
+    if annotations.get("prometheus.io/scrape") != "true":
+        problem(where, 'the pod needs the annotation prometheus.io/scrape: "true"')
+    if annotations.get("prometheus.io/port") != str(port_of(listen)):
+        problem(where, f"prometheus.io/port ({annotations.get('prometheus.io/port')}) is not "
+                f"the metrics port {port_of(listen)}")
+    if annotations.get("prometheus.io/path", "/metrics") != "/metrics":
+        problem(where, "prometheus.io/path must be /metrics")
+    if not env_value(c, "OTEL_SERVICE_NAME"):
+        problem(where, "OTEL_SERVICE_NAME must name the process in traces and metrics")
+
+
 def check_server(where: str, pod: dict) -> None:
     c = pod["containers"][0]
     ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
@@ -244,8 +269,11 @@ def main() -> int:
         check_pod(where, pod, configmaps)
         if component == "server":
             check_server(where, pod)
+            check_metrics(where, template, pod["containers"][0], "OPJOURNAL_METRICS_LISTEN")
         elif component == "reconciler":
             check_reconciler(where, pod)
+            check_metrics(where, template, pod["containers"][0],
+                          "OPJOURNAL_RECONCILER_METRICS_LISTEN")
         if args.overlay == "prod":
             for c in pod["containers"]:
                 if "@sha256:" not in c["image"]:
