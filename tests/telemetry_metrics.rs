@@ -343,6 +343,25 @@ async fn the_scrape_endpoint_exposes_every_metric_with_its_unit_and_labels(pool:
     // No label carries a key, a payload or a namespace value.
     assert!(!text.contains("metric-key-"), "{text}");
     assert!(!text.contains("490000"), "{text}");
+
+    // A backlog that cannot be read is not shown stale: the gauges go away.
+    proxy.cut();
+    assert!(app.metrics.sample_backlog(&app.parts.store).await.is_err());
+    let text = reqwest::get(format!("http://{metrics_address}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let s = samples(&text);
+    for gauge in [
+        "opjournal_unknown_operations",
+        "opjournal_unknown_oldest_age_seconds",
+        "opjournal_review_queue_size",
+    ] {
+        assert_eq!(value(&s, gauge, &[]), None, "{gauge}\n{text}");
+    }
+    proxy.restore();
     stop.cancel();
     telemetry.shutdown().await;
 }

@@ -35,7 +35,8 @@
 //! Every error body is `{"error": "<snake_case_code>", "message": "<text>"}`.
 //!
 //! Request bodies are never logged: each request is logged with its method,
-//! route template and status only.
+//! route template and status only. Lookups by key remember the W3C
+//! `traceparent` they carried ([`Sandbox::lookup_traceparents`]).
 
 mod admin;
 mod emails;
