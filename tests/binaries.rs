@@ -365,7 +365,7 @@ async fn sigterm_during_a_burst_leaves_no_call_half_done(pool: PgPool) {
     let rows: std::collections::BTreeMap<String, String> = sqlx::query_as::<_, (String, String)>(
         "SELECT operation_key, status FROM agent_operations WHERE operation_key LIKE 'burst-%'",
     )
-    .fetch_all(&app.pool)
+    .fetch_all(app.pool())
     .await
     .unwrap()
     .into_iter()

@@ -33,7 +33,7 @@ async fn complete(app: &TestApp, token: &str) -> Result<(), tonic::Status> {
 /// Every row's status, by key, read directly from Postgres.
 async fn journal(app: &TestApp) -> BTreeMap<String, String> {
     sqlx::query_as::<_, (String, String)>("SELECT operation_key, status FROM agent_operations")
-        .fetch_all(&app.pool)
+        .fetch_all(app.pool())
         .await
         .unwrap()
         .into_iter()

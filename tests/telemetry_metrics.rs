@@ -38,7 +38,7 @@ async fn expire_lease(app: &TestApp, key: &str) {
          WHERE operation_key = $1",
     )
     .bind(key)
-    .execute(&app.pool)
+    .execute(app.pool())
     .await
     .unwrap();
 }
@@ -168,7 +168,7 @@ async fn the_scrape_endpoint_exposes_every_metric_with_its_unit_and_labels(pool:
         (1, 4, 1, 1, 1)
     );
     app.metrics
-        .sample_backlog(&PgStore::new(app.pool.clone()))
+        .sample_backlog(&PgStore::new(app.pool().clone()))
         .await
         .unwrap();
 
@@ -346,7 +346,12 @@ async fn the_scrape_endpoint_exposes_every_metric_with_its_unit_and_labels(pool:
 
     // A backlog that cannot be read is not shown stale: the gauges go away.
     proxy.cut();
-    assert!(app.metrics.sample_backlog(&app.parts.store).await.is_err());
+    assert!(
+        app.metrics
+            .sample_backlog(app.parts.store.as_ref())
+            .await
+            .is_err()
+    );
     let text = reqwest::get(format!("http://{metrics_address}/metrics"))
         .await
         .unwrap()

@@ -179,7 +179,7 @@ async fn a_begin_continues_the_callers_trace_and_a_reconcile_links_to_it(pool: P
     let stored: Option<String> =
         sqlx::query_scalar("SELECT trace_context FROM agent_operations WHERE operation_key = $1")
             .bind(PAYMENT_KEY)
-            .fetch_one(&app.pool)
+            .fetch_one(app.pool())
             .await
             .unwrap();
     assert_eq!(
