@@ -38,6 +38,10 @@ fn binary(name: &str, dir: &Path) -> Command {
             command.env_remove(variable);
         }
     }
+    // Tests run side by side: never the fixed default metrics ports.
+    command
+        .env("OPJOURNAL_METRICS_LISTEN", "127.0.0.1:0")
+        .env("OPJOURNAL_RECONCILER_METRICS_LISTEN", "127.0.0.1:0");
     command
 }
 

@@ -1320,7 +1320,10 @@ async fn the_registering_trace_context_is_kept_in_its_w3c_form_only(f: &Fixture)
     new.trace_context = Some(traceparent.to_owned());
     let record = f.store.insert_and_claim(&new).await.unwrap().unwrap();
     assert_eq!(record.trace_context.as_deref(), Some(traceparent));
-    assert_eq!(f.get("traced").await.trace_context.as_deref(), Some(traceparent));
+    assert_eq!(
+        f.get("traced").await.trace_context.as_deref(),
+        Some(traceparent)
+    );
     assert_eq!(f.register("untraced", LEASE).await.trace_context, None);
     // Anything else in the column is refused by the database itself.
     for bad in [

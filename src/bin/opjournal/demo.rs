@@ -133,6 +133,8 @@ impl Demo {
                 "serve",
                 "--listen",
                 "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
                 "--database-url",
                 &database_url,
                 "--policy",
@@ -150,6 +152,8 @@ impl Demo {
             "opjournal-reconciler",
             &[
                 "--health-listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
                 "127.0.0.1:0",
                 "--database-url",
                 &database_url,
