@@ -73,7 +73,11 @@ fn default_max_lease_seconds() -> u32 {
 }
 
 /// The rules for one action type.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+///
+/// `ActionPolicy::default()` equals an action written as `{}` in the policy file: the same
+/// defaults as deserialization, so the built-in policy keeps terminal operations for
+/// [`DEFAULT_RETENTION_DAYS`].
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ActionPolicy {
     /// Lease length for this action, in seconds; `defaults.lease_seconds` when absent.
@@ -212,6 +216,24 @@ pub enum OnUnresolved {
     RequireHumanReview,
     /// Keep looking it up at the maximum interval.
     KeepReconciling,
+}
+
+impl Default for ActionPolicy {
+    fn default() -> Self {
+        Self {
+            lease_seconds: None,
+            retry: RetryPolicy::default(),
+            reconcile: ReconcilePolicy::default(),
+            unknown_after_seconds: None,
+            on_unresolved: OnUnresolved::default(),
+            operation_key: KeyRequirement::default(),
+            terminal_states: None,
+            retention_days: DEFAULT_RETENTION_DAYS,
+            duplicate_intent: DuplicateIntentPolicy::default(),
+            key_pattern: None,
+            result: ResultPolicy::default(),
+        }
+    }
 }
 
 impl ActionPolicy {
@@ -746,6 +768,16 @@ fn validate_grpc(grpc: &GrpcAdapterConfig) -> Result<(), (&'static str, String)>
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn builtin_policy_keeps_terminal_operations_for_the_default_retention() {
+        let builtin = Policy::builtin();
+        let action = builtin.default_action.as_ref().unwrap();
+        assert_eq!(action.retention_days, DEFAULT_RETENTION_DAYS);
+        // The same as an action written as `{}` in a policy file.
+        let parsed = Policy::parse("default_action: {}\n", "policy.yaml").unwrap();
+        assert_eq!(parsed.default_action.as_ref(), Some(action));
+    }
 
     const EXAMPLE: &str = r#"
 defaults:
