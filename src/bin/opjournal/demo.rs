@@ -415,6 +415,27 @@ adapters:
     )
 }
 
+/// What a child that exited before it listened said: its `Error:` report with the causes
+/// (`main` returning an error), or else the last five lines of its log.
+fn startup_error(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    let report = lines
+        .iter()
+        .rposition(|line| line.starts_with("Error: "))
+        .map(|start| {
+            lines[start..]
+                .iter()
+                .take_while(|line| !line.starts_with("Stack backtrace:"))
+                .filter(|line| !line.trim().is_empty())
+                .copied()
+                .collect::<Vec<_>>()
+        });
+    match report {
+        Some(report) => report.join("\n"),
+        None => lines[lines.len().saturating_sub(5)..].join("\n"),
+    }
+}
+
 /// A child process of the demo, its output kept in `<dir>/<name>.log`.
 struct Process {
     name: &'static str,
@@ -439,6 +460,8 @@ impl Process {
             .args(args)
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")
+            // The error chain, not a stack trace, is what `startup_error` shows.
+            .env("RUST_LIB_BACKTRACE", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -460,11 +483,7 @@ impl Process {
         .unwrap_or_else(|_| Ok(String::new()))?;
         if address.is_empty() {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(5).collect();
-            bail!(
-                "{name} did not start: {}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
+            bail!("{name} did not start: {}", startup_error(&log));
         }
         // Keep draining stdout so the process never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
@@ -500,4 +519,27 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::startup_error;
+
+    #[test]
+    fn a_failed_start_shows_the_error_report_without_the_stack_trace() {
+        let log = "INFO journal on Postgres\nError: migrate on start\n\nCaused by:\n    0: database \
+                   unavailable\n    1: failed to lookup address information\n\nStack backtrace:\n   \
+                   0: anyhow::context\n             at src/backtrace.rs:10:14\n  32: _start\n";
+        assert_eq!(
+            startup_error(log),
+            "Error: migrate on start\nCaused by:\n    0: database unavailable\n    1: failed to \
+             lookup address information"
+        );
+    }
+
+    #[test]
+    fn without_an_error_report_the_last_five_lines_are_shown() {
+        let log = "1\n2\n3\n4\n5\n6\n7\n";
+        assert_eq!(startup_error(log), "3\n4\n5\n6\n7");
+    }
 }
