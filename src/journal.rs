@@ -328,8 +328,8 @@ impl Journal {
         Err(JournalError::Contention)
     }
 
-    /// Refuses a key that is not registered yet and looks like it holds personal data or a
-    /// secret, or does not match the action's `key_pattern`. A key already registered (before
+    /// Refuses a key that is not registered yet and begins or ends with whitespace, looks
+    /// like it holds personal data or a secret, or does not match the action's `key_pattern`. A key already registered (before
     /// the screening, or before the pattern changed) is let through, so its retries still get
     /// the operation's answer: the rules never change for operations already recorded.
     async fn screen_new_key(
@@ -338,10 +338,12 @@ impl Journal {
         action: &ActionPolicy,
     ) -> Result<(), JournalError> {
         let key = &command.operation_key;
-        let screened = sensitive::check_key(key).and_then(|()| match &action.key_pattern {
-            Some(pattern) => sensitive::check_pattern(key, pattern),
-            None => Ok(()),
-        });
+        let screened = sensitive::check_key_form(key)
+            .and_then(|()| sensitive::check_key(key))
+            .and_then(|()| match &action.key_pattern {
+                Some(pattern) => sensitive::check_pattern(key, pattern),
+                None => Ok(()),
+            });
         let Err(refusal) = screened else {
             return Ok(());
         };

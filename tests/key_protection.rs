@@ -85,6 +85,30 @@ async fn keys_holding_an_email_a_card_number_or_a_token_are_refused_and_nothing_
     }
 }
 
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn keys_beginning_or_ending_with_whitespace_are_refused_and_nothing_is_written(pool: PgPool) {
+    // A provider gets the key in an HTTP header, which is trimmed: it would record the effect
+    // under another key than the one a reconcile lookup asks for, and "not found" would
+    // wrongly prove absence.
+    let app = TestApp::spawn(pool).await;
+    for key in [
+        "payment:order-990:intent-01 ",
+        " payment:order-990:intent-01",
+    ] {
+        let err = app.begin(key, "create_payment", PAY_817).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{key:?}");
+        assert_eq!(reason(&err), "INVALID_OPERATION_KEY", "{key:?}");
+        assert_eq!(violated_field(&err), "operation_key");
+        assert_eq!(app.rows_for(key).await, 0, "{key:?}");
+    }
+    assert_eq!(table_rows(&app).await, (0, 0), "nothing was written");
+    let inner = app
+        .begin("payment:order 990:intent-01", "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert_eq!(decision(&inner), Decision::Execute, "inner spaces are fine");
+}
+
 fn pattern_policy(sandbox_url: &str) -> String {
     format!(
         r#"

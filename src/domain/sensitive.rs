@@ -114,6 +114,27 @@ pub fn check_key(key: &OperationKey) -> Result<(), JournalError> {
     }
 }
 
+/// Refuses a new key that begins or ends with whitespace: HTTP header values are trimmed
+/// (RFC 9110, section 5.5), so a provider would record the effect under another key than the
+/// one a reconcile lookup asks for, and its "not found" would wrongly prove absence.
+///
+/// Errors: `INVALID_ARGUMENT`, reason `INVALID_OPERATION_KEY`, field `operation_key`.
+pub fn check_key_form(key: &OperationKey) -> Result<(), JournalError> {
+    let text = key.as_str();
+    if text.trim() == text {
+        return Ok(());
+    }
+    Err(JournalError::InvalidArgument {
+        reason: "INVALID_OPERATION_KEY",
+        violation: FieldViolation::new(
+            "operation_key",
+            "must not begin or end with whitespace: providers receive keys in HTTP headers, \
+             which are trimmed",
+        ),
+        metadata: Default::default(),
+    })
+}
+
 /// The first kind of sensitive data found in `text`, checked in the order e-mail address,
 /// card number, phone number, token; the percent-decoded text is checked too.
 pub fn find_sensitive_data(text: &str) -> Option<SensitiveKind> {
@@ -524,6 +545,18 @@ mod tests {
 
     fn kind(key: &str) -> Option<SensitiveKind> {
         find_sensitive_data(key)
+    }
+
+    #[test]
+    fn keys_with_surrounding_whitespace_are_refused() {
+        for bad in ["payment:1 ", " payment:1", "payment:1\u{a0}", "\u{2003}x"] {
+            let key = OperationKey::parse(bad).unwrap();
+            let Err(JournalError::InvalidArgument { reason, .. }) = check_key_form(&key) else {
+                panic!("{bad:?} was accepted");
+            };
+            assert_eq!(reason, "INVALID_OPERATION_KEY");
+        }
+        assert!(check_key_form(&OperationKey::parse("payment:order 817").unwrap()).is_ok());
     }
 
     #[test]
