@@ -17,10 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::ServerTlsConfig;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -155,11 +155,18 @@ pub async fn serve(
         .add_service(reflection_v1alpha)
         .add_service(InterceptedService::new(journal, options.auth.clone()))
         .add_service(InterceptedService::new(reconciler, options.auth))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
+        .serve_with_incoming_shutdown(incoming(listener), stopped)
         .await;
     readiness.abort();
     result?;
     Ok(())
+}
+
+/// Accepted connections with `TCP_NODELAY`: an answer goes out in several small writes
+/// (headers, message, trailers), and with Nagle's algorithm on, the later ones wait for the
+/// client's delayed acknowledgement of the first, some 40 ms on Linux.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
@@ -202,7 +209,7 @@ pub async fn serve_health(
     };
     let result = tonic::transport::Server::builder()
         .add_service(health)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
+        .serve_with_incoming_shutdown(incoming(listener), stopped)
         .await;
     readiness.abort();
     result?;
