@@ -587,9 +587,12 @@ impl JournalStore for PgStore {
         other_than: &OperationKey,
         window: Duration,
     ) -> Result<Option<String>, StoreError> {
+        // The hash is bound as text and the column is CHAR(64): compared as they are,
+        // Postgres casts the column to text and the index cannot look the hash up, leaving a
+        // scan of every operation of the action. The parameter is cast to the column's type.
         sqlx::query_scalar(
             "SELECT operation_key FROM agent_operations \
-             WHERE namespace = $1 AND action_type = $2 AND request_hash = $3 \
+             WHERE namespace = $1 AND action_type = $2 AND request_hash = $3::char(64) \
                AND operation_key <> $4 \
                AND (status IN ('pending', 'in_progress', 'unknown') \
                     OR (status = 'succeeded' \
