@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::client_suites::{
-    Row, repo, row, run_suite, spawn_with_client_token, tool, transitions,
+    Row, assert_outcomes_recorded, repo, row, run_suite, spawn_with_client_token, tool, transitions,
 };
 use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
@@ -91,39 +91,7 @@ async fn the_python_client_classifies_provider_outcomes(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     pytest(&app, &["tests/test_outcomes.py"]).await;
 
-    let success = row(&app, "py:outcomes:success").await.unwrap();
-    assert_eq!(success.status, "succeeded");
-    assert_eq!(
-        row(&app, "py:outcomes:declined").await,
-        Some(Row {
-            status: "failed_final".into(),
-            attempt_count: 1,
-            external_id: None,
-            error_code: Some("card_declined".into()),
-        })
-    );
-    let retried = row(&app, "py:outcomes:unavailable").await.unwrap();
-    assert_eq!(
-        (retried.status.as_str(), retried.attempt_count),
-        ("succeeded", 2)
-    );
-    for key in [
-        "py:outcomes:success",
-        "py:outcomes:unavailable",
-        "py:outcomes:in-progress",
-    ] {
-        assert_eq!(app.counts(key).effects, 1, "{key}");
-    }
-    assert_eq!(app.counts("py:outcomes:declined").effects, 0);
-    assert_eq!(
-        row(&app, "py:outcomes:hold-2").await.unwrap().status,
-        "succeeded"
-    );
-    assert_eq!(
-        app.rows_for("py:outcomes:bad-json").await,
-        0,
-        "nothing written"
-    );
+    assert_outcomes_recorded(&app, "py").await;
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

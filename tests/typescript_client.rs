@@ -8,7 +8,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::client_suites::{Row, repo, row, run_suite, spawn_with_client_token, transitions};
+use common::client_suites::{
+    assert_outcomes_recorded, repo, row, run_suite, spawn_with_client_token, transitions,
+};
 use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
 use sqlx::PgPool;
@@ -69,41 +71,7 @@ async fn the_typescript_client_classifies_provider_outcomes(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     node_test(&app, "outcomes.test.js").await;
 
-    assert_eq!(
-        row(&app, "ts:outcomes:success").await.unwrap().status,
-        "succeeded"
-    );
-    assert_eq!(
-        row(&app, "ts:outcomes:declined").await,
-        Some(Row {
-            status: "failed_final".into(),
-            attempt_count: 1,
-            external_id: None,
-            error_code: Some("card_declined".into()),
-        })
-    );
-    let retried = row(&app, "ts:outcomes:unavailable").await.unwrap();
-    assert_eq!(
-        (retried.status.as_str(), retried.attempt_count),
-        ("succeeded", 2)
-    );
-    for key in [
-        "ts:outcomes:success",
-        "ts:outcomes:unavailable",
-        "ts:outcomes:in-progress",
-    ] {
-        assert_eq!(app.counts(key).effects, 1, "{key}");
-    }
-    assert_eq!(app.counts("ts:outcomes:declined").effects, 0);
-    assert_eq!(
-        row(&app, "ts:outcomes:hold-2").await.unwrap().status,
-        "succeeded"
-    );
-    assert_eq!(
-        app.rows_for("ts:outcomes:bad-json").await,
-        0,
-        "nothing written"
-    );
+    assert_outcomes_recorded(&app, "ts").await;
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

@@ -125,3 +125,32 @@ pub async fn spawn_with_client_token(pool: sqlx::PgPool) -> TestApp {
     };
     TestApp::spawn_with_options(pool, options).await
 }
+
+/// What a client's outcomes suite (`{prefix}:outcomes:*` keys) must leave in the journal and
+/// at the provider: a success, a confirmed decline with no effect, a 5xx settled by reconcile
+/// and retried under the same key (attempt 2), one effect per paid key, a held duplicate
+/// intent completed under its second key, and nothing written for a malformed payload.
+pub async fn assert_outcomes_recorded(app: &TestApp, prefix: &str) {
+    let key = |name: &str| format!("{prefix}:outcomes:{name}");
+    assert_eq!(row(app, &key("success")).await.unwrap().status, "succeeded");
+    assert_eq!(
+        row(app, &key("declined")).await,
+        Some(Row {
+            status: "failed_final".into(),
+            attempt_count: 1,
+            external_id: None,
+            error_code: Some("card_declined".into()),
+        })
+    );
+    let retried = row(app, &key("unavailable")).await.unwrap();
+    assert_eq!(
+        (retried.status.as_str(), retried.attempt_count),
+        ("succeeded", 2)
+    );
+    for name in ["success", "unavailable", "in-progress"] {
+        assert_eq!(app.counts(&key(name)).effects, 1, "{name}");
+    }
+    assert_eq!(app.counts(&key("declined")).effects, 0);
+    assert_eq!(row(app, &key("hold-2")).await.unwrap().status, "succeeded");
+    assert_eq!(app.rows_for(&key("bad-json")).await, 0, "nothing written");
+}
