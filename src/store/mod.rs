@@ -311,6 +311,24 @@ pub struct BacklogStats {
     pub review_queue: u64,
 }
 
+impl BacklogStats {
+    /// From the backlog statement's three columns: counts, and the oldest unknown operation's
+    /// age in seconds (`None` when none is unknown; a clock step may make it slightly negative).
+    pub fn from_columns(
+        unknown: i64,
+        oldest_unknown_seconds: Option<f64>,
+        review_queue: i64,
+    ) -> Self {
+        Self {
+            unknown: u64::try_from(unknown).unwrap_or(0),
+            oldest_unknown_age: oldest_unknown_seconds
+                .filter(|s| s.is_finite())
+                .map(|s| Duration::from_secs_f64(s.max(0.0))),
+            review_queue: u64::try_from(review_queue).unwrap_or(0),
+        }
+    }
+}
+
 /// The journal's storage contract.
 #[async_trait]
 pub trait JournalStore: Send + Sync + 'static {

@@ -649,13 +649,6 @@ impl JournalStore for PgStore {
         let unknown: i64 = row.try_get("unknown").map_err(get_err)?;
         let review_queue: i64 = row.try_get("review_queue").map_err(get_err)?;
         let oldest: Option<f64> = row.try_get("oldest_unknown_seconds").map_err(get_err)?;
-        Ok(BacklogStats {
-            unknown: u64::try_from(unknown).unwrap_or(0),
-            // A clock step can make a fresh row look a little younger than now.
-            oldest_unknown_age: oldest
-                .filter(|s| s.is_finite())
-                .map(|s| Duration::from_secs_f64(s.max(0.0))),
-            review_queue: u64::try_from(review_queue).unwrap_or(0),
-        })
+        Ok(BacklogStats::from_columns(unknown, oldest, review_queue))
     }
 }
