@@ -6,10 +6,11 @@
 //! providers what really happened through provider adapters; [`api`] exposes it all over
 //! gRPC; [`ops`] holds the operator commands, gRPC clients of that API. [`sandbox`] is a
 //! fake HTTP provider for tests, demos and local stands. [`telemetry`] holds traces, metrics
-//! and logs.
+//! and logs. [`children`] starts the binaries as child processes (demo, benchmark).
 
 pub mod api;
 pub mod app;
+pub mod children;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -3,21 +3,18 @@
 //! local port — printing each step, what the journal holds and the provider's effect count.
 //! The verdict rests on the provider's count, not on any answer text.
 
-use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::path::Path;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use opjournal::children::Process;
 use opjournal::client::{Begun, ErrorReason, Intent, JournalClient};
 use opjournal::proto::{self, OperationStatus};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt as _, BufReader};
-use tokio::process::{Child, Command};
 
 /// The article's idempotency key.
 const KEY: &str = "payment:order-817:intent-01";
-/// How long a process may take to start listening.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Flags of `opjournal demo`.
 #[derive(Debug, clap::Args)]
@@ -413,133 +410,4 @@ adapters:
     response: {{ status_pointer: /status, succeeded_values: [succeeded], external_id_pointer: /id }}
 "#
     )
-}
-
-/// What a child that exited before it listened said: its `Error:` report with the causes
-/// (`main` returning an error), or else the last five lines of its log.
-fn startup_error(log: &str) -> String {
-    let lines: Vec<&str> = log.lines().collect();
-    let report = lines
-        .iter()
-        .rposition(|line| line.starts_with("Error: "))
-        .map(|start| {
-            lines[start..]
-                .iter()
-                .take_while(|line| !line.starts_with("Stack backtrace:"))
-                .filter(|line| !line.trim().is_empty())
-                .copied()
-                .collect::<Vec<_>>()
-        });
-    match report {
-        Some(report) => report.join("\n"),
-        None => lines[lines.len().saturating_sub(5)..].join("\n"),
-    }
-}
-
-/// A child process of the demo, its output kept in `<dir>/<name>.log`.
-struct Process {
-    name: &'static str,
-    child: Child,
-}
-
-impl Process {
-    /// Starts the sibling binary `name` and waits for the stdout line holding `marker`;
-    /// returns the process and what follows the marker on that line (its address).
-    async fn start(
-        name: &'static str,
-        args: &[&str],
-        env: &[(&str, &str)],
-        marker: &str,
-        dir: &Path,
-    ) -> anyhow::Result<(Self, String)> {
-        let binary = sibling(name)?;
-        let log_path = dir.join(format!("{name}.log"));
-        let log = std::fs::File::create(&log_path)?;
-        let mut command = Command::new(&binary);
-        command
-            .args(args)
-            .envs(env.iter().copied())
-            .env("RUST_LOG", "info")
-            // The error chain, not a stack trace, is what `startup_error` shows.
-            .env("RUST_LIB_BACKTRACE", "0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true);
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("cannot start {}", binary.display()))?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let address = tokio::time::timeout(START_TIMEOUT, async {
-            while let Some(line) = lines.next_line().await? {
-                if let Some((_, address)) = line.split_once(marker) {
-                    return Ok(address.trim().to_owned());
-                }
-            }
-            anyhow::Ok(String::new())
-        })
-        .await
-        .unwrap_or_else(|_| Ok(String::new()))?;
-        if address.is_empty() {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            bail!("{name} did not start: {}", startup_error(&log));
-        }
-        // Keep draining stdout so the process never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok((Self { name, child }, address))
-    }
-
-    /// SIGTERM, then a grace period, then SIGKILL.
-    async fn stop(&mut self) {
-        if let Some(pid) = self.child.id().and_then(|pid| i32::try_from(pid).ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(process = self.name, "did not stop on SIGTERM; killing");
-            let _ = self.child.kill().await;
-        }
-    }
-}
-
-/// The path of another binary of this package, next to the running one.
-fn sibling(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe().context("cannot find the running binary")?;
-    let path = exe.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    if !path.exists() {
-        bail!(
-            "{} not found; build every binary of the package (`cargo build --release --bins`)",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::startup_error;
-
-    #[test]
-    fn a_failed_start_shows_the_error_report_without_the_stack_trace() {
-        let log = "INFO journal on Postgres\nError: migrate on start\n\nCaused by:\n    0: database \
-                   unavailable\n    1: failed to lookup address information\n\nStack backtrace:\n   \
-                   0: anyhow::context\n             at src/backtrace.rs:10:14\n  32: _start\n";
-        assert_eq!(
-            startup_error(log),
-            "Error: migrate on start\nCaused by:\n    0: database unavailable\n    1: failed to \
-             lookup address information"
-        );
-    }
-
-    #[test]
-    fn without_an_error_report_the_last_five_lines_are_shown() {
-        let log = "1\n2\n3\n4\n5\n6\n7\n";
-        assert_eq!(startup_error(log), "3\n4\n5\n6\n7");
-    }
 }
