@@ -652,3 +652,22 @@ impl JournalStore for PgStore {
         Ok(BacklogStats::from_columns(unknown, oldest, review_queue))
     }
 }
+
+/// A statement of this backend, named by the store method that runs it, for the query
+/// plans the benchmark shows (docs/performance.md).
+#[derive(Debug, Clone)]
+pub struct ExplainedStatement {
+    /// The store method (and variant) that runs it.
+    pub name: &'static str,
+    /// The statement as the method sends it, with `$n` parameters.
+    pub sql: String,
+}
+
+/// The statements whose cost must not grow with the journal: the client hot path, the
+/// reconcile worker's scans and the purge.
+pub fn explained_statements() -> Vec<ExplainedStatement> {
+    vec![ExplainedStatement {
+        name: "backlog_stats",
+        sql: BACKLOG_STATS_SQL.to_owned(),
+    }]
+}

@@ -1,0 +1,1014 @@
+//! `opjournal-bench`: the journal against the physical limit of its Postgres.
+//!
+//! Starts the sandbox provider and the server (and, for the backlog, the reconcile worker)
+//! as processes on free local ports, each on a database of its own that the benchmark
+//! creates; drives N gRPC clients through the real API for a fixed time; runs pgbench on the
+//! reference SQL of `bench/pgbench/` against the same Postgres in the same run; prints the
+//! journal's figures as ratios to pgbench's, checks them against the targets and writes
+//! everything to a JSON report. With `--preload N` it repeats the run on a journal holding
+//! N operations and shows the hot-path query plans there. See docs/performance.md.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use opjournal::children::Process;
+use serde_json::{Value, json};
+use sqlx::{Connection as _, Executor as _, PgConnection, PgPool};
+
+mod calls;
+mod cpu;
+mod load;
+mod reference;
+mod scale;
+
+use load::{Recorder, RunResult};
+
+/// Benchmarks the journal's server against pgbench on the same Postgres.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Postgres to benchmark on, as a role that may create databases; the benchmark
+    /// creates its own databases next to this one and drops them afterwards.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    database_url: String,
+    /// Concurrent clients (each with its own connection), for the journal and for pgbench.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Measured seconds of each closed-loop and open-loop run.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds of load before each measured window, not counted.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// The open loop's rate as a share of the lifecycle throughput just measured.
+    #[arg(long, default_value_t = 0.5)]
+    open_loop_share: f64,
+    /// Unknown operations in the backlog the reconcile worker drains.
+    #[arg(long, default_value_t = 2000)]
+    backlog: usize,
+    /// Then preload a journal with this many operations (realistic mix of statuses) and
+    /// run again on it, with the query plans. 10000000 takes about 15 minutes and 10 GB
+    /// of disk on a 2-core machine.
+    #[arg(long, default_value_t = 0)]
+    preload: i64,
+    /// Database pool of the server; default: one connection per client.
+    #[arg(long)]
+    max_connections: Option<u32>,
+    /// pgbench to run.
+    #[arg(long, default_value = "pgbench")]
+    pgbench: String,
+    /// pgbench threads (`-j`); default: the number of CPUs.
+    #[arg(long)]
+    pgbench_threads: Option<usize>,
+    /// Folder of the reference SQL (`schema.sql`, `minimal-lifecycle.sql`,
+    /// `seed-lifecycle.sql`).
+    #[arg(long, default_value_os_t = reference::default_dir())]
+    reference_sql: PathBuf,
+    /// Skip pgbench (ratios to it are then not reported).
+    #[arg(long)]
+    no_pgbench: bool,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "target/bench/report.json")]
+    report: PathBuf,
+    /// Keep the benchmark's databases and the processes' logs.
+    #[arg(long)]
+    keep: bool,
+}
+
+/// The targets of the journal's performance, as ratios where a baseline exists.
+const TARGET_LIFECYCLE_TO_MINIMAL: f64 = 0.8;
+const TARGET_LIFECYCLE_TO_ARTICLE: f64 = 1.0;
+const TARGET_REPLAY_TO_LIFECYCLE: f64 = 2.0;
+const TARGET_BEGIN_P99_MS: f64 = 10.0;
+const TARGET_SCALE_P99_RATIO: f64 = 1.2;
+const TARGET_RSS_MIB: f64 = 64.0;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<std::process::ExitCode> {
+    let args = Args::parse();
+    opjournal::app::install_crypto_provider();
+    anyhow::ensure!(args.clients > 0, "--clients must be at least 1");
+    anyhow::ensure!(args.duration >= 1.0, "--duration must be at least 1 second");
+    let run_id = format!("r{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let workdir = tempfile::Builder::new()
+        .prefix("opjournal-bench-")
+        .tempdir()
+        .context("cannot create a working directory")?;
+    let mut bench = Bench::new(args, run_id, workdir.path().to_owned());
+    let result = bench.run().await;
+    bench.drop_databases().await;
+    if bench.args.keep {
+        eprintln!("[bench] logs kept in {}", workdir.keep().display());
+    }
+    result
+}
+
+/// The state of one benchmark run.
+struct Bench {
+    args: Args,
+    run_id: String,
+    dir: PathBuf,
+    databases: Vec<String>,
+    report: serde_json::Map<String, Value>,
+}
+
+/// A server (with its sandbox provider) on one journal database.
+struct Stand {
+    sandbox: Process,
+    server: Process,
+    sandbox_url: String,
+    server_address: String,
+    journal_url: String,
+    policy: PathBuf,
+    pool: PgPool,
+}
+
+impl Stand {
+    async fn stop(mut self) {
+        self.server.stop().await;
+        self.sandbox.stop().await;
+        self.pool.close().await;
+    }
+}
+
+/// What one journal run measured.
+struct JournalRun {
+    lifecycle: RunResult,
+    replay: RunResult,
+    conflict: RunResult,
+    open_loop: RunResult,
+    reconcile: Value,
+    rss: Value,
+    /// Milliseconds of each timed purge statement (1000 operations due).
+    purge_ms: Vec<f64>,
+}
+
+impl Bench {
+    fn new(args: Args, run_id: String, dir: PathBuf) -> Self {
+        Self {
+            args,
+            run_id,
+            dir,
+            databases: Vec::new(),
+            report: serde_json::Map::new(),
+        }
+    }
+
+    async fn run(&mut self) -> anyhow::Result<std::process::ExitCode> {
+        let started = Instant::now();
+        let machine = self.machine().await?;
+        print_header(&self.args, &machine);
+        self.report.insert("machine".into(), machine);
+        self.report.insert(
+            "settings".into(),
+            json!({
+                "clients": self.args.clients,
+                "duration_seconds": self.args.duration,
+                "warmup_seconds": self.args.warmup,
+                "open_loop_share": self.args.open_loop_share,
+                "backlog": self.args.backlog,
+                "preload": self.args.preload,
+                "server_max_connections": self.max_connections(),
+            }),
+        );
+
+        let references = if self.args.no_pgbench {
+            Vec::new()
+        } else {
+            let url = self.create_database("ref").await?;
+            eprintln!("[bench] pgbench on the reference SQL");
+            reference::run(
+                &self.args.pgbench,
+                &self.args.reference_sql,
+                &url,
+                self.args.clients,
+                self.args
+                    .pgbench_threads
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+                Duration::from_secs_f64(self.args.duration + self.args.warmup),
+            )
+            .await?
+        };
+        self.report.insert(
+            "pgbench".into(),
+            Value::Array(
+                references
+                    .iter()
+                    .map(reference::Reference::to_json)
+                    .collect(),
+            ),
+        );
+
+        let empty = self.journal_run("empty").await?;
+        let scaled = if self.args.preload > 0 {
+            Some(self.scale_run().await?)
+        } else {
+            None
+        };
+
+        let targets = targets(&references, &empty, scaled.as_ref().map(|s| &s.0));
+        print_results(&references, &empty, scaled.as_ref().map(|s| &s.0), &targets);
+        self.report.insert("empty".into(), journal_json(&empty));
+        if let Some((run, extra)) = &scaled {
+            let mut value = journal_json(run);
+            if let (Some(map), Value::Object(extra)) = (value.as_object_mut(), extra) {
+                map.extend(extra.clone());
+            }
+            self.report.insert("preloaded".into(), value);
+            if let Some(plans) = extra.get("plans") {
+                print_plans(plans);
+            }
+        }
+        self.report.insert(
+            "targets".into(),
+            Value::Array(targets.iter().map(Target::to_json).collect()),
+        );
+        self.report.insert(
+            "total_seconds".into(),
+            json!(started.elapsed().as_secs_f64()),
+        );
+        if let Some(parent) = self.args.report.parent() {
+            std::fs::create_dir_all(parent).ok();
+        }
+        std::fs::write(
+            &self.args.report,
+            serde_json::to_string_pretty(&Value::Object(self.report.clone()))?,
+        )
+        .with_context(|| format!("cannot write {}", self.args.report.display()))?;
+        println!("\nReport: {}", self.args.report.display());
+
+        let errors = empty.lifecycle.errors
+            + empty.replay.errors
+            + empty.conflict.errors
+            + empty.open_loop.errors
+            + scaled.as_ref().map_or(0, |s| {
+                s.0.lifecycle.errors
+                    + s.0.replay.errors
+                    + s.0.conflict.errors
+                    + s.0.open_loop.errors
+            });
+        if errors > 0 {
+            println!("FAILED: {errors} calls got an answer other than the one promised");
+            return Ok(std::process::ExitCode::FAILURE);
+        }
+        Ok(std::process::ExitCode::SUCCESS)
+    }
+
+    fn max_connections(&self) -> u32 {
+        self.args
+            .max_connections
+            .unwrap_or_else(|| u32::try_from(self.args.clients).unwrap_or(u32::MAX))
+    }
+
+    /// The machine and Postgres the figures were taken on.
+    async fn machine(&self) -> anyhow::Result<Value> {
+        let mut admin = PgConnection::connect(&self.args.database_url)
+            .await
+            .context("cannot connect to Postgres (--database-url)")?;
+        let version: String = sqlx::query_scalar("SHOW server_version")
+            .fetch_one(&mut admin)
+            .await?;
+        let synchronous_commit: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut admin)
+            .await?;
+        let shared_buffers: String = sqlx::query_scalar("SHOW shared_buffers")
+            .fetch_one(&mut admin)
+            .await?;
+        admin.close().await.ok();
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|info| {
+                info.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_default();
+        Ok(json!({
+            "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "cpu": cpu,
+            "postgres": version,
+            "synchronous_commit": synchronous_commit,
+            "shared_buffers": shared_buffers,
+            "load_average_at_start": std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default().trim(),
+        }))
+    }
+
+    /// Creates a database of this run next to `--database-url`'s; returns its URL.
+    async fn create_database(&mut self, suffix: &str) -> anyhow::Result<String> {
+        let name = format!("opjournal_bench_{}_{suffix}", self.run_id);
+        let mut admin = PgConnection::connect(&self.args.database_url).await?;
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .await
+            .with_context(|| format!("cannot create database {name}"))?;
+        admin.close().await.ok();
+        self.databases.push(name.clone());
+        let mut url = reqwest::Url::parse(&self.args.database_url)?;
+        url.set_path(&format!("/{name}"));
+        Ok(url.to_string())
+    }
+
+    async fn drop_databases(&mut self) {
+        if self.args.keep || self.databases.is_empty() {
+            if !self.databases.is_empty() {
+                eprintln!("[bench] databases kept: {}", self.databases.join(", "));
+            }
+            return;
+        }
+        let Ok(mut admin) = PgConnection::connect(&self.args.database_url).await else {
+            eprintln!(
+                "[bench] cannot connect to drop {}",
+                self.databases.join(", ")
+            );
+            return;
+        };
+        for name in self.databases.drain(..) {
+            let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            if let Err(error) = admin.execute(sqlx::AssertSqlSafe(sql)).await {
+                eprintln!("[bench] cannot drop {name}: {error}");
+            }
+        }
+        admin.close().await.ok();
+    }
+
+    /// Starts the sandbox provider and a server on a new journal database.
+    async fn start_stand(&mut self, label: &str) -> anyhow::Result<Stand> {
+        let journal_url = self.create_database(label).await?;
+        let dir = self.dir.join(label);
+        std::fs::create_dir_all(&dir)?;
+        let (sandbox, sandbox_address) = Process::start(
+            "opjournal-sandbox",
+            &["--listen", "127.0.0.1:0"],
+            &[("RUST_LOG", "warn")],
+            "listening on http://",
+            &dir,
+        )
+        .await?;
+        let sandbox_url = format!("http://{sandbox_address}");
+        let policy = dir.join("policy.yaml");
+        std::fs::write(&policy, policy_yaml(&sandbox_url))?;
+        let max_connections = self.max_connections().to_string();
+        let policy_arg = policy.display().to_string();
+        let (server, server_address) = Process::start(
+            "opjournal",
+            &[
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--database-url",
+                &journal_url,
+                "--policy",
+                &policy_arg,
+                "--migrate",
+            ],
+            &[
+                ("RUST_LOG", "warn"),
+                ("OPJOURNAL_MAX_CONNECTIONS", &max_connections),
+            ],
+            "listening on ",
+            &dir,
+        )
+        .await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&journal_url)
+            .await?;
+        Ok(Stand {
+            sandbox,
+            server,
+            sandbox_url,
+            server_address,
+            journal_url,
+            policy,
+            pool,
+        })
+    }
+
+    /// Every journal scenario on a new, empty journal.
+    async fn journal_run(&mut self, label: &str) -> anyhow::Result<JournalRun> {
+        let stand = self.start_stand(label).await?;
+        let run = self.scenarios(&stand, label).await;
+        let run = match run {
+            Ok(mut run) => {
+                // The baseline of the purge at scale: the same statement on this small journal.
+                let timed = async {
+                    scale::make_purge_due(&stand.pool, 3000).await?;
+                    scale::time_purge(&stand.pool, 1000, 3).await
+                };
+                run.purge_ms = timed.await?;
+                Ok(run)
+            }
+            Err(error) => Err(error),
+        };
+        stand.stop().await;
+        run
+    }
+
+    /// The scenarios, in order, on a running stand.
+    async fn scenarios(&self, stand: &Stand, label: &str) -> anyhow::Result<JournalRun> {
+        let args = &self.args;
+        let warmup = Duration::from_secs_f64(args.warmup);
+        let duration = Duration::from_secs_f64(args.duration);
+        let channels = load::connect_all(&stand.server_address, args.clients).await?;
+        let run: Arc<str> = format!("{}{label}", self.run_id).into();
+
+        eprintln!("[bench] {label}: lifecycle, {} clients", args.clients);
+        let server_pid = stand.server.id();
+        let before = cpu::Snapshot::take(server_pid);
+        let mut lifecycle = {
+            let run = run.clone();
+            load::closed_loop(
+                "lifecycle",
+                &channels,
+                warmup,
+                duration,
+                move |channel, client, n, recorder: Recorder| {
+                    let key = calls::key(&run, "l", client, n);
+                    async move {
+                        calls::lifecycle(
+                            channel,
+                            "",
+                            key,
+                            calls::payload(n, 0),
+                            Instant::now(),
+                            recorder,
+                        )
+                        .await
+                    }
+                },
+            )
+            .await
+        };
+        lifecycle.cpu = Some(before.since(&cpu::Snapshot::take(server_pid), lifecycle.all_calls));
+        // Every key the lifecycle run completed, per client, for replays and conflicts.
+        let completed_per_client = {
+            let rows: Vec<(String,)> = sqlx::query_as(
+                "SELECT operation_key FROM agent_operations \
+                 WHERE operation_key LIKE $1 AND status = 'succeeded' LIMIT 200000",
+            )
+            .bind(format!("bench:{run}:l:%"))
+            .fetch_all(&stand.pool)
+            .await?;
+            let keys: Vec<(String, u64)> = rows
+                .into_iter()
+                .filter_map(|(key,)| {
+                    let n = key.rsplit_once('n')?.1.parse().ok()?;
+                    Some((key, n))
+                })
+                .collect();
+            anyhow::ensure!(!keys.is_empty(), "the lifecycle run completed no operation");
+            Arc::new(keys)
+        };
+
+        eprintln!("[bench] {label}: replay");
+        let before = cpu::Snapshot::take(server_pid);
+        let mut replay = {
+            let keys = completed_per_client.clone();
+            load::closed_loop(
+                "replay",
+                &channels,
+                warmup,
+                duration,
+                move |channel, client, n, recorder: Recorder| {
+                    let (key, sequence) = pick(&keys, client, n);
+                    async move {
+                        calls::replay(channel, "", key, calls::payload(sequence, 0), recorder).await
+                    }
+                },
+            )
+            .await
+        };
+
+        replay.cpu = Some(before.since(&cpu::Snapshot::take(server_pid), replay.all_calls));
+
+        eprintln!("[bench] {label}: conflict");
+        let conflict = {
+            let keys = completed_per_client.clone();
+            load::closed_loop(
+                "conflict",
+                &channels,
+                warmup,
+                duration,
+                move |channel, client, n, recorder: Recorder| {
+                    let (key, sequence) = pick(&keys, client, n);
+                    async move {
+                        calls::conflict(channel, "", key, calls::payload(sequence, 1), recorder)
+                            .await
+                    }
+                },
+            )
+            .await
+        };
+
+        let rate = (lifecycle.throughput() * args.open_loop_share).max(1.0);
+        eprintln!("[bench] {label}: open loop at {rate:.0} lifecycles/s");
+        let open_loop = {
+            let run = run.clone();
+            load::open_loop(
+                "open_loop",
+                &channels,
+                rate,
+                warmup,
+                duration,
+                4096,
+                move |channel, n, intended, recorder: Recorder| {
+                    let key = calls::key(&run, "o", 0, n);
+                    async move {
+                        calls::lifecycle(channel, "", key, calls::payload(n, 0), intended, recorder)
+                            .await
+                    }
+                },
+            )
+            .await
+        };
+
+        eprintln!("[bench] {label}: reconcile backlog of {}", args.backlog);
+        let reconcile = self.reconcile(stand, &channels, &run).await?;
+        let rss = rss(stand.server.id());
+        Ok(JournalRun {
+            lifecycle,
+            replay,
+            conflict,
+            open_loop,
+            reconcile,
+            rss,
+            purge_ms: Vec::new(),
+        })
+    }
+
+    /// Makes `--backlog` unknown operations whose effect exists at the provider, then starts
+    /// the reconcile worker and times until every one is settled; checks each ended
+    /// succeeded and the provider holds exactly one effect per operation.
+    async fn reconcile(
+        &self,
+        stand: &Stand,
+        channels: &[tonic::transport::Channel],
+        run: &str,
+    ) -> anyhow::Result<Value> {
+        let namespace = format!("backlog-{run}");
+        let http = reqwest::Client::new();
+        let made = Instant::now();
+        let mut tasks = futures::stream::FuturesUnordered::new();
+        let backlog = self.args.backlog;
+        for n in 0..backlog {
+            let channel = channels[n % channels.len()].clone();
+            let http = http.clone();
+            let sandbox_url = stand.sandbox_url.clone();
+            let namespace = namespace.clone();
+            let key = calls::key(run, "u", 0, n as u64);
+            tasks.push(async move {
+                calls::unknown_after_effect(
+                    channel,
+                    &http,
+                    &sandbox_url,
+                    &namespace,
+                    key,
+                    calls::payload(n as u64, 0),
+                )
+                .await
+            });
+            if tasks.len() >= channels.len() {
+                use futures::StreamExt as _;
+                if let Some(result) = tasks.next().await {
+                    result.context("cannot build the backlog")?;
+                }
+            }
+        }
+        {
+            use futures::StreamExt as _;
+            while let Some(result) = tasks.next().await {
+                result.context("cannot build the backlog")?;
+            }
+        }
+        let built_in = made.elapsed().as_secs_f64();
+        let unknown = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM agent_operations WHERE namespace = $1 AND status = 'unknown'",
+            )
+            .bind(&namespace)
+            .fetch_one(&stand.pool)
+            .await
+        };
+        anyhow::ensure!(
+            unknown().await? == i64::try_from(backlog)?,
+            "the backlog is not all unknown"
+        );
+
+        let dir = self.dir.join(format!("worker-{run}"));
+        std::fs::create_dir_all(&dir)?;
+        let policy = stand.policy.display().to_string();
+        let started = Instant::now();
+        let mut worker = Process::start(
+            "opjournal-reconciler",
+            &[
+                "--health-listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--database-url",
+                &stand.journal_url,
+                "--policy",
+                &policy,
+            ],
+            &[
+                ("RUST_LOG", "warn"),
+                ("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.1"),
+                // The preloaded journal's purge is timed separately.
+                ("OPJOURNAL_PURGE_INTERVAL_SECONDS", "86400"),
+            ],
+            "health on ",
+            &dir,
+        )
+        .await?
+        .0;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let remaining = loop {
+            let left = unknown().await?;
+            if left == 0 || Instant::now() > deadline {
+                break left;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let elapsed = started.elapsed().as_secs_f64();
+        worker.stop().await;
+        let succeeded: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM agent_operations WHERE namespace = $1 AND status = 'succeeded'",
+        )
+        .bind(&namespace)
+        .fetch_one(&stand.pool)
+        .await?;
+        let stats: Value = http
+            .get(format!("{}/v1/stats", stand.sandbox_url))
+            .send()
+            .await?
+            .json()
+            .await
+            .unwrap_or(Value::Null);
+        if remaining > 0 {
+            bail!("the reconcile worker left {remaining} of {backlog} unknown after 600 s");
+        }
+        anyhow::ensure!(
+            succeeded == i64::try_from(backlog)?,
+            "{succeeded} of {backlog} reconciled operations ended succeeded"
+        );
+        Ok(json!({
+            "operations": backlog,
+            "built_seconds": built_in,
+            "drained_seconds": elapsed,
+            "throughput_per_second": backlog as f64 / elapsed,
+            "succeeded": succeeded,
+            "provider_stats": stats,
+        }))
+    }
+
+    /// Preloads a new journal, then runs every scenario on it, times the purge and takes the
+    /// query plans.
+    async fn scale_run(&mut self) -> anyhow::Result<(JournalRun, Value)> {
+        let label = "scaled";
+        let stand = self.start_stand(label).await?;
+        // One real registration, whose recorded action policy the preload copies.
+        let channels = load::connect_all(&stand.server_address, 1).await?;
+        let (outcome, _) = calls::lifecycle(
+            channels[0].clone(),
+            "",
+            calls::key(&self.run_id, "seed", 0, 0),
+            calls::payload(0, 0),
+            Instant::now(),
+            Recorder::default(),
+        )
+        .await;
+        outcome.map_err(anyhow::Error::msg)?;
+        eprintln!("[bench] preloading {} operations", self.args.preload);
+        let loaded_in = scale::preload(&stand.journal_url, self.args.preload).await?;
+        let (rows, bytes) = scale::journal_size(&stand.pool).await?;
+        eprintln!(
+            "[bench] preloaded in {:.0} s: {rows} operations, {:.1} GiB",
+            loaded_in.as_secs_f64(),
+            bytes as f64 / f64::from(1u32 << 30)
+        );
+        let purge_ms = scale::time_purge(&stand.pool, 1000, 3).await?;
+        let plans = scale::plans(&stand.journal_url).await?;
+        let run = self.scenarios(&stand, label).await;
+        stand.stop().await;
+        let mut run = run?;
+        run.purge_ms = purge_ms.clone();
+        Ok((
+            run,
+            json!({
+                "operations": rows,
+                "bytes": bytes,
+                "preload_seconds": loaded_in.as_secs_f64(),
+                "purge_batch_ms": purge_ms,
+                "mix_per_mille": scale::MIX_PER_MILLE
+                    .iter()
+                    .map(|(s, n)| (s.to_string(), json!(n)))
+                    .collect::<serde_json::Map<_, _>>(),
+                "plans": scale::plans_json(&plans),
+            }),
+        ))
+    }
+}
+
+/// Key number `n` of a client's turn through the completed keys (spread over all of them).
+fn pick(keys: &[(String, u64)], client: usize, n: u64) -> (String, u64) {
+    let index = (client as u64)
+        .wrapping_mul(7919)
+        .wrapping_add(n.wrapping_mul(104_729))
+        % keys.len() as u64;
+    keys[usize::try_from(index).unwrap_or(0)].clone()
+}
+
+/// The server's resident memory from /proc: now and its peak (`VmHWM`), in MiB.
+fn rss(pid: Option<u32>) -> Value {
+    let Some(status) =
+        pid.and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+    else {
+        return Value::Null;
+    };
+    let field = |name: &str| {
+        status.lines().find_map(|line| {
+            line.strip_prefix(name)
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|kib| kib.parse::<f64>().ok())
+                .map(|kib| kib / 1024.0)
+        })
+    };
+    json!({ "rss_mib": field("VmRSS:"), "peak_rss_mib": field("VmHWM:") })
+}
+
+/// The benchmark's action policy: payments reconciled through the sandbox's search by key.
+fn policy_yaml(sandbox_url: &str) -> String {
+    format!(
+        r#"# Written by opjournal-bench.
+actions:
+  create_payment:
+    lease_seconds: 30
+    retry:
+      on_timeout: reconcile_before_retry
+    reconcile:
+      adapter: sandbox_payments
+      first_check_after_seconds: 0
+      interval_seconds: 1
+      absence_grace_seconds: 60
+adapters:
+  sandbox_payments:
+    kind: http
+    url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
+    timeout_seconds: 5
+    search_complete: true
+    absent_match: {{ pointer: /error, values: [not_found] }}
+    response: {{ status_pointer: /status, succeeded_values: [succeeded], external_id_pointer: /id }}
+"#
+    )
+}
+
+/// One target: the figure, the bound and whether it holds.
+struct Target {
+    name: &'static str,
+    value: Option<f64>,
+    bound: &'static str,
+    met: Option<bool>,
+}
+
+impl Target {
+    fn to_json(&self) -> Value {
+        json!({"target": self.name, "value": self.value, "bound": self.bound, "met": self.met})
+    }
+}
+
+fn targets(
+    references: &[reference::Reference],
+    empty: &JournalRun,
+    scaled: Option<&JournalRun>,
+) -> Vec<Target> {
+    let tps = |script: &str| {
+        references
+            .iter()
+            .find(|r| r.script == script)
+            .map(|r| r.tps)
+    };
+    let lifecycle = empty.lifecycle.throughput();
+    let ratio_to = |base: Option<f64>| base.filter(|b| *b > 0.0).map(|b| lifecycle / b);
+    let to_minimal = ratio_to(tps("minimal-lifecycle.sql"));
+    let to_article = ratio_to(tps("seed-lifecycle.sql"));
+    let replay = (lifecycle > 0.0).then(|| empty.replay.throughput() / lifecycle);
+    let begin_p99 = empty.open_loop.percentile_ms("begin", 0.99);
+    let scale = scaled.and_then(|s| {
+        let loaded = s.open_loop.percentile_ms("begin", 0.99)?;
+        Some(loaded / begin_p99?)
+    });
+    let peak = |run: &JournalRun| run.rss.get("peak_rss_mib").and_then(Value::as_f64);
+    let rss = match scaled.and_then(peak) {
+        Some(loaded) => peak(empty).map(|e| e.max(loaded)).or(Some(loaded)),
+        None => peak(empty),
+    };
+    vec![
+        Target {
+            name: "lifecycle / pgbench minimal SQL",
+            value: to_minimal,
+            bound: ">= 0.8",
+            met: to_minimal.map(|v| v >= TARGET_LIFECYCLE_TO_MINIMAL),
+        },
+        Target {
+            name: "lifecycle / pgbench article SQL",
+            value: to_article,
+            bound: "> 1",
+            met: to_article.map(|v| v > TARGET_LIFECYCLE_TO_ARTICLE),
+        },
+        Target {
+            name: "replay / lifecycle",
+            value: replay,
+            bound: ">= 2",
+            met: replay.map(|v| v >= TARGET_REPLAY_TO_LIFECYCLE),
+        },
+        Target {
+            name: "Begin p99 at half the lifecycle rate, ms",
+            value: begin_p99,
+            bound: "< 10",
+            met: begin_p99.map(|v| v < TARGET_BEGIN_P99_MS),
+        },
+        Target {
+            name: "Begin p99 preloaded / empty",
+            value: scale,
+            bound: "<= 1.2",
+            met: scale.map(|v| v <= TARGET_SCALE_P99_RATIO),
+        },
+        Target {
+            name: "server peak RSS, MiB",
+            value: rss,
+            bound: "< 64",
+            met: rss.map(|v| v < TARGET_RSS_MIB),
+        },
+    ]
+}
+
+fn print_header(args: &Args, machine: &Value) {
+    println!(
+        "opjournal-bench: {} clients, {} s measured after {} s warm-up per run",
+        args.clients, args.duration, args.warmup
+    );
+    println!(
+        "machine: {} CPUs ({}), Postgres {}, synchronous_commit={}, load average at start {}\n",
+        machine["cpus"],
+        machine["cpu"].as_str().unwrap_or(""),
+        machine["postgres"].as_str().unwrap_or(""),
+        machine["synchronous_commit"].as_str().unwrap_or(""),
+        machine["load_average_at_start"].as_str().unwrap_or(""),
+    );
+}
+
+fn fmt_ms(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+}
+
+fn print_results(
+    references: &[reference::Reference],
+    empty: &JournalRun,
+    scaled: Option<&JournalRun>,
+    targets: &[Target],
+) {
+    if !references.is_empty() {
+        println!(
+            "{:<44} {:>10} {:>10}",
+            "pgbench (same Postgres)", "ops/s", "mean ms"
+        );
+        for r in references {
+            println!("  {:<42} {:>10.0} {:>10.2}", r.script, r.tps, r.latency_ms);
+        }
+        for r in references {
+            if let Some(cpu) = &r.cpu {
+                println!(
+                    "  CPU ms per {}: Postgres {:.3}, pgbench {:.3}",
+                    r.script,
+                    cpu["postgres_ms_per_op"].as_f64().unwrap_or(0.0),
+                    cpu["clients_ms_per_op"].as_f64().unwrap_or(0.0),
+                );
+            }
+        }
+        println!();
+    }
+    let minimal = references
+        .iter()
+        .find(|r| r.script == "minimal-lifecycle.sql")
+        .map(|r| r.tps);
+    let mut runs = vec![("empty journal", empty)];
+    if let Some(scaled) = scaled {
+        runs.push(("preloaded journal", scaled));
+    }
+    for (title, run) in runs {
+        println!(
+            "{:<44} {:>10} {:>8} {:>8} {:>8} {:>8} {:>7}",
+            format!("journal, {title}"),
+            "ops/s",
+            "x min.",
+            "p50 ms",
+            "p99 ms",
+            "p99.9",
+            "errors"
+        );
+        let rows: [(&str, &RunResult, &str); 4] = [
+            ("lifecycle (Begin + Complete)", &run.lifecycle, "lifecycle"),
+            ("replay (Begin, succeeded key)", &run.replay, "call"),
+            ("conflict (same key, other payload)", &run.conflict, "call"),
+            ("open loop: Begin", &run.open_loop, "begin"),
+        ];
+        for (name, result, stage) in rows {
+            let ratio = minimal.filter(|m| *m > 0.0).map_or_else(
+                || "-".to_owned(),
+                |m| format!("{:.2}", result.throughput() / m),
+            );
+            let name = if result.target_rate.is_some() {
+                format!("{name} @ {:.0}/s", result.target_rate.unwrap_or(0.0))
+            } else {
+                name.to_owned()
+            };
+            println!(
+                "  {:<42} {:>10.0} {:>8} {:>8} {:>8} {:>8} {:>7}",
+                name,
+                result.throughput(),
+                ratio,
+                fmt_ms(result.percentile_ms(stage, 0.50)),
+                fmt_ms(result.percentile_ms(stage, 0.99)),
+                fmt_ms(result.percentile_ms(stage, 0.999)),
+                result.errors + result.dropped,
+            );
+        }
+        println!(
+            "  {:<42} {:>10.0}   ({} operations drained in {:.1} s)",
+            "reconcile worker on an unknown backlog",
+            run.reconcile["throughput_per_second"]
+                .as_f64()
+                .unwrap_or(0.0),
+            run.reconcile["operations"],
+            run.reconcile["drained_seconds"].as_f64().unwrap_or(0.0),
+        );
+        println!(
+            "  {:<42} {:>10}",
+            "server peak RSS, MiB",
+            fmt_ms(run.rss["peak_rss_mib"].as_f64())
+        );
+        for (what, result) in [("lifecycle", &run.lifecycle), ("replay", &run.replay)] {
+            if let Some(cpu) = &result.cpu {
+                println!(
+                    "  CPU ms per {what}: server {:.3}, Postgres {:.3}, benchmark clients {:.3}",
+                    cpu["server_ms_per_op"].as_f64().unwrap_or(0.0),
+                    cpu["postgres_ms_per_op"].as_f64().unwrap_or(0.0),
+                    cpu["clients_ms_per_op"].as_f64().unwrap_or(0.0),
+                );
+            }
+        }
+        for result in [&run.lifecycle, &run.replay, &run.conflict, &run.open_loop] {
+            if let Some(error) = &result.first_error {
+                println!("  ! {}: {error}", result.name);
+            }
+        }
+        println!();
+    }
+    println!("{:<44} {:>10} {:>8}", "target", "value", "bound");
+    for t in targets {
+        let verdict = match t.met {
+            Some(true) => "met",
+            Some(false) => "NOT MET",
+            None => "not measured",
+        };
+        println!(
+            "  {:<42} {:>10} {:>8}  {verdict}",
+            t.name,
+            fmt_ms(t.value),
+            t.bound
+        );
+    }
+}
+
+fn print_plans(plans: &Value) {
+    println!("\nQuery plans on the preloaded journal (generic plans of the prepared statements):");
+    for plan in plans.as_array().into_iter().flatten() {
+        println!("\n-- {}", plan["statement"].as_str().unwrap_or(""));
+        println!("{}", plan["plan"].as_str().unwrap_or(""));
+    }
+}
+
+fn journal_json(run: &JournalRun) -> Value {
+    let mut runs = BTreeMap::new();
+    for result in [&run.lifecycle, &run.replay, &run.conflict, &run.open_loop] {
+        runs.insert(result.name.clone(), result.to_json());
+    }
+    json!({
+        "runs": runs,
+        "reconcile": run.reconcile,
+        "server_memory": run.rss,
+        "purge_batch_ms": run.purge_ms,
+    })
+}
