@@ -41,6 +41,13 @@ fn check_length(field: &'static str, value: &str, max: usize) -> Result<(), Jour
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Namespace(String);
 
+impl Default for Namespace {
+    /// The `default` namespace, what an empty `namespace` field means.
+    fn default() -> Self {
+        Self(DEFAULT_NAMESPACE.to_owned())
+    }
+}
+
 impl Namespace {
     /// Parses the request's `namespace` field.
     pub fn parse(value: &str) -> Result<Self, JournalError> {

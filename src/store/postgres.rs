@@ -38,6 +38,140 @@ pub const BACKLOG_STATS_SQL: &str = "SELECT \
        FROM agent_operations WHERE status = 'unknown') AS oldest_unknown_seconds, \
     (SELECT count(*) FROM agent_operations WHERE review_required_at IS NOT NULL) AS review_queue";
 
+/// [`JournalStore::sweep_expired_leases`]: in-progress operations whose lease ended become
+/// unknown, oldest lease first, by the partial index on in-progress leases; each is then
+/// updated by its primary key. `FOR UPDATE` locks the latest version of each row and
+/// checks the condition again on it, so no other transaction can change a row between the
+/// scan and the update: repeating the condition in the update is not needed, and would let
+/// the planner scan every expired lease again to join back the few it locked.
+const SWEEP_EXPIRED_LEASES_SQL: &str = "WITH expired AS ( \
+             SELECT namespace AS expired_namespace, operation_key AS expired_key \
+             FROM agent_operations \
+             WHERE status = 'in_progress' AND lease_until < now() \
+             ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         UPDATE agent_operations \
+         SET status = 'unknown', error_code = 'lease_expired', \
+             unknown_since = lease_until, lease_until = NULL, \
+             next_check_at = now(), updated_at = now(), \
+             last_actor_kind = 'worker', last_actor = $2, last_reason = 'lease_expired' \
+         FROM expired \
+         WHERE namespace = expired_namespace AND operation_key = expired_key";
+
+/// [`JournalStore::purge`]: terminal operations past retention and their history, by the
+/// partial index on `purge_after`.
+const PURGE_SQL: &str = "WITH doomed AS ( \
+             SELECT namespace, operation_key FROM agent_operations \
+             WHERE purge_after < now() AND status IN ('succeeded', 'failed_final') \
+             ORDER BY purge_after LIMIT $1 FOR UPDATE SKIP LOCKED), \
+         gone AS ( \
+             DELETE FROM agent_operations o USING doomed d \
+             WHERE o.namespace = d.namespace AND o.operation_key = d.operation_key \
+               AND o.status IN ('succeeded', 'failed_final') \
+             RETURNING o.namespace, o.operation_key), \
+         history AS ( \
+             DELETE FROM operation_events e USING gone g \
+             WHERE e.namespace = g.namespace AND e.operation_key = g.operation_key) \
+         SELECT COUNT(*) FROM gone";
+
+/// [`JournalStore::find_same_request`]. The hash is bound as text and the column is
+/// CHAR(64): compared as they are, Postgres casts the column to text and the index cannot
+/// look the hash up, leaving a scan of every operation of the action. The parameter is cast
+/// to the column's type.
+const FIND_SAME_REQUEST_SQL: &str = "SELECT operation_key FROM agent_operations \
+         WHERE namespace = $1 AND action_type = $2 AND request_hash = $3::char(64) \
+           AND operation_key <> $4 \
+           AND (status IN ('pending', 'in_progress', 'unknown') \
+                OR (status = 'succeeded' \
+                    AND updated_at > now() - make_interval(secs => $5))) \
+         ORDER BY created_at DESC LIMIT 1";
+
+/// [`JournalStore::history`]: one operation's events in order.
+const HISTORY_SQL: &str = "SELECT event_id, from_status, to_status, attempt_count, review, actor_kind, \
+             actor, reason, occurred_at \
+         FROM operation_events \
+         WHERE namespace = $1 AND operation_key = $2 AND event_id > $3 \
+         ORDER BY event_id LIMIT $4";
+
+/// [`JournalStore::claim_due`]: unknown operations due for a lookup, by the partial index
+/// on `next_check_at`. The CTE's columns are renamed so that COLUMNS stays unambiguous in
+/// RETURNING.
+fn claim_due_sql() -> String {
+    format!(
+        "WITH due AS ( \
+                 SELECT namespace AS due_namespace, operation_key AS due_key \
+                 FROM agent_operations \
+                 WHERE status = 'unknown' AND next_check_at <= now() \
+                   AND (reconcile_lease_until IS NULL OR reconcile_lease_until < now()) \
+                 ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             UPDATE agent_operations \
+             SET next_check_at = now() + make_interval(secs => $2), \
+                 reconcile_lease_until = now() + make_interval(secs => $2) \
+             FROM due \
+             WHERE namespace = due_namespace AND operation_key = due_key \
+             RETURNING {COLUMNS}"
+    )
+}
+
+/// [`JournalStore::claim_for_reconcile`]: one operation by its primary key.
+fn claim_for_reconcile_sql() -> String {
+    format!(
+        "UPDATE agent_operations SET reconcile_lease_until = now() + make_interval(secs => $3) \
+             WHERE namespace = $1 AND operation_key = $2 \
+               AND (status = 'unknown' OR (status = 'in_progress' AND lease_until <= now())) \
+               AND (reconcile_lease_until IS NULL OR reconcile_lease_until < now()) \
+             RETURNING {COLUMNS}"
+    )
+}
+
+/// [`JournalStore::list`]: newest first within a namespace, by the
+/// `agent_operations_namespace_created` index, keyset-paginated.
+fn list_query(query: &ListQuery) -> QueryBuilder<Postgres> {
+    let mut sql: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+        "SELECT {COLUMNS} FROM agent_operations WHERE namespace = "
+    ));
+    sql.push_bind(query.namespace.as_str());
+    if let Some(status) = query.status {
+        sql.push(" AND status = ").push_bind(status.as_str());
+    }
+    if let Some(action) = &query.action_type {
+        sql.push(" AND action_type = ").push_bind(action.as_str());
+    }
+    if let Some((created_at, key)) = &query.after {
+        sql.push(" AND (created_at, operation_key) < (")
+            .push_bind(*created_at)
+            .push(", ")
+            .push_bind(key.as_str())
+            .push(")");
+    }
+    sql.push(" ORDER BY created_at DESC, operation_key DESC LIMIT ")
+        .push_bind(query.limit);
+    sql
+}
+
+/// [`JournalStore::list_review`]: the review queue of a namespace, oldest first, by the
+/// partial `agent_operations_review_queue` index.
+fn list_review_query(
+    namespace: &Namespace,
+    after: Option<(DateTime<Utc>, String)>,
+    limit: i64,
+) -> QueryBuilder<Postgres> {
+    let mut sql: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+        "SELECT {COLUMNS} FROM agent_operations \
+             WHERE review_required_at IS NOT NULL AND namespace = "
+    ));
+    sql.push_bind(namespace.as_str());
+    if let Some((at, key)) = after {
+        sql.push(" AND (review_required_at, operation_key) > (")
+            .push_bind(at)
+            .push(", ")
+            .push_bind(key)
+            .push(")");
+    }
+    sql.push(" ORDER BY review_required_at, operation_key LIMIT ")
+        .push_bind(limit);
+    sql
+}
+
 /// The journal on Postgres.
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -360,25 +494,7 @@ impl JournalStore for PgStore {
     }
 
     async fn list(&self, query: &ListQuery) -> Result<Vec<OperationRecord>, StoreError> {
-        let mut sql: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-            "SELECT {COLUMNS} FROM agent_operations WHERE namespace = "
-        ));
-        sql.push_bind(query.namespace.as_str());
-        if let Some(status) = query.status {
-            sql.push(" AND status = ").push_bind(status.as_str());
-        }
-        if let Some(action) = &query.action_type {
-            sql.push(" AND action_type = ").push_bind(action.as_str());
-        }
-        if let Some((created_at, key)) = &query.after {
-            sql.push(" AND (created_at, operation_key) < (")
-                .push_bind(*created_at)
-                .push(", ")
-                .push_bind(key.as_str())
-                .push(")");
-        }
-        sql.push(" ORDER BY created_at DESC, operation_key DESC LIMIT ")
-            .push_bind(query.limit);
+        let mut sql = list_query(query);
         let rows = sql.build().fetch_all(&self.pool).await.map_err(classify)?;
         rows.iter().map(record_from_row).collect()
     }
@@ -457,26 +573,12 @@ impl JournalStore for PgStore {
     }
 
     async fn sweep_expired_leases(&self, limit: i64, worker: &str) -> Result<u64, StoreError> {
-        let result = sqlx::query(
-            "WITH expired AS ( \
-                 SELECT namespace, operation_key FROM agent_operations \
-                 WHERE status = 'in_progress' AND lease_until < now() \
-                 ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED) \
-             UPDATE agent_operations o \
-             SET status = 'unknown', error_code = 'lease_expired', \
-                 unknown_since = o.lease_until, lease_until = NULL, \
-                 next_check_at = now(), updated_at = now(), \
-                 last_actor_kind = 'worker', last_actor = $2, last_reason = 'lease_expired' \
-             FROM expired \
-             WHERE o.namespace = expired.namespace \
-               AND o.operation_key = expired.operation_key \
-               AND o.status = 'in_progress' AND o.lease_until < now()",
-        )
-        .bind(limit)
-        .bind(truncate(worker, 200))
-        .execute(&self.pool)
-        .await
-        .map_err(classify)?;
+        let result = sqlx::query(SWEEP_EXPIRED_LEASES_SQL)
+            .bind(limit)
+            .bind(truncate(worker, 200))
+            .execute(&self.pool)
+            .await
+            .map_err(classify)?;
         Ok(result.rows_affected())
     }
 
@@ -486,20 +588,7 @@ impl JournalStore for PgStore {
         after: Option<(DateTime<Utc>, String)>,
         limit: i64,
     ) -> Result<Vec<OperationRecord>, StoreError> {
-        let mut sql: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-            "SELECT {COLUMNS} FROM agent_operations \
-             WHERE review_required_at IS NOT NULL AND namespace = "
-        ));
-        sql.push_bind(namespace.as_str());
-        if let Some((at, key)) = after {
-            sql.push(" AND (review_required_at, operation_key) > (")
-                .push_bind(at)
-                .push(", ")
-                .push_bind(key)
-                .push(")");
-        }
-        sql.push(" ORDER BY review_required_at, operation_key LIMIT ")
-            .push_bind(limit);
+        let mut sql = list_review_query(namespace, after, limit);
         let rows = sql.build().fetch_all(&self.pool).await.map_err(classify)?;
         rows.iter().map(record_from_row).collect()
     }
@@ -511,20 +600,14 @@ impl JournalStore for PgStore {
         after_event_id: i64,
         limit: i64,
     ) -> Result<Vec<OperationEvent>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT event_id, from_status, to_status, attempt_count, review, actor_kind, \
-                 actor, reason, occurred_at \
-             FROM operation_events \
-             WHERE namespace = $1 AND operation_key = $2 AND event_id > $3 \
-             ORDER BY event_id LIMIT $4",
-        )
-        .bind(namespace.as_str())
-        .bind(key.as_str())
-        .bind(after_event_id)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(classify)?;
+        let rows = sqlx::query(HISTORY_SQL)
+            .bind(namespace.as_str())
+            .bind(key.as_str())
+            .bind(after_event_id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
         rows.iter().map(event_from_row).collect()
     }
 
@@ -533,21 +616,7 @@ impl JournalStore for PgStore {
         limit: i64,
         hold: Duration,
     ) -> Result<Vec<OperationRecord>, StoreError> {
-        // The CTE's columns are renamed so that COLUMNS stays unambiguous in RETURNING.
-        let sql = format!(
-            "WITH due AS ( \
-                 SELECT namespace AS due_namespace, operation_key AS due_key \
-                 FROM agent_operations \
-                 WHERE status = 'unknown' AND next_check_at <= now() \
-                   AND (reconcile_lease_until IS NULL OR reconcile_lease_until < now()) \
-                 ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
-             UPDATE agent_operations \
-             SET next_check_at = now() + make_interval(secs => $2), \
-                 reconcile_lease_until = now() + make_interval(secs => $2) \
-             FROM due \
-             WHERE namespace = due_namespace AND operation_key = due_key \
-             RETURNING {COLUMNS}"
-        );
+        let sql = claim_due_sql();
         let rows = sqlx::query(trusted(sql))
             .bind(limit)
             .bind(seconds(hold))
@@ -563,13 +632,7 @@ impl JournalStore for PgStore {
         key: &OperationKey,
         hold: Duration,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        let sql = format!(
-            "UPDATE agent_operations SET reconcile_lease_until = now() + make_interval(secs => $3) \
-             WHERE namespace = $1 AND operation_key = $2 \
-               AND (status = 'unknown' OR (status = 'in_progress' AND lease_until <= now())) \
-               AND (reconcile_lease_until IS NULL OR reconcile_lease_until < now()) \
-             RETURNING {COLUMNS}"
-        );
+        let sql = claim_for_reconcile_sql();
         self.fetch_optional(
             sqlx::query(trusted(sql))
                 .bind(namespace.as_str())
@@ -587,48 +650,23 @@ impl JournalStore for PgStore {
         other_than: &OperationKey,
         window: Duration,
     ) -> Result<Option<String>, StoreError> {
-        // The hash is bound as text and the column is CHAR(64): compared as they are,
-        // Postgres casts the column to text and the index cannot look the hash up, leaving a
-        // scan of every operation of the action. The parameter is cast to the column's type.
-        sqlx::query_scalar(
-            "SELECT operation_key FROM agent_operations \
-             WHERE namespace = $1 AND action_type = $2 AND request_hash = $3::char(64) \
-               AND operation_key <> $4 \
-               AND (status IN ('pending', 'in_progress', 'unknown') \
-                    OR (status = 'succeeded' \
-                        AND updated_at > now() - make_interval(secs => $5))) \
-             ORDER BY created_at DESC LIMIT 1",
-        )
-        .bind(namespace.as_str())
-        .bind(action_type.as_str())
-        .bind(request_hash.to_hex())
-        .bind(other_than.as_str())
-        .bind(seconds(window))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(classify)
+        sqlx::query_scalar(FIND_SAME_REQUEST_SQL)
+            .bind(namespace.as_str())
+            .bind(action_type.as_str())
+            .bind(request_hash.to_hex())
+            .bind(other_than.as_str())
+            .bind(seconds(window))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(classify)
     }
 
     async fn purge(&self, limit: i64) -> Result<u64, StoreError> {
-        let purged: i64 = sqlx::query_scalar(
-            "WITH doomed AS ( \
-                 SELECT namespace, operation_key FROM agent_operations \
-                 WHERE purge_after < now() AND status IN ('succeeded', 'failed_final') \
-                 ORDER BY purge_after LIMIT $1 FOR UPDATE SKIP LOCKED), \
-             gone AS ( \
-                 DELETE FROM agent_operations o USING doomed d \
-                 WHERE o.namespace = d.namespace AND o.operation_key = d.operation_key \
-                   AND o.status IN ('succeeded', 'failed_final') \
-                 RETURNING o.namespace, o.operation_key), \
-             history AS ( \
-                 DELETE FROM operation_events e USING gone g \
-                 WHERE e.namespace = g.namespace AND e.operation_key = g.operation_key) \
-             SELECT COUNT(*) FROM gone",
-        )
-        .bind(limit)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(classify)?;
+        let purged: i64 = sqlx::query_scalar(PURGE_SQL)
+            .bind(limit)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
         Ok(u64::try_from(purged).unwrap_or(0))
     }
 
@@ -664,10 +702,35 @@ pub struct ExplainedStatement {
 }
 
 /// The statements whose cost must not grow with the journal: the client hot path, the
-/// reconcile worker's scans and the purge.
+/// reconcile worker's scans, the purge and the operator's listings, each as its method
+/// sends it (list queries on their next-page variant, the broadest).
 pub fn explained_statements() -> Vec<ExplainedStatement> {
-    vec![ExplainedStatement {
-        name: "backlog_stats",
-        sql: BACKLOG_STATS_SQL.to_owned(),
-    }]
+    let statement = |name, sql: &str| ExplainedStatement {
+        name,
+        sql: sql.to_owned(),
+    };
+    let page_after = Some((DateTime::<Utc>::UNIX_EPOCH, String::new()));
+    let list = ListQuery {
+        namespace: Namespace::default(),
+        status: Some(Status::Unknown),
+        action_type: None,
+        after: page_after.clone(),
+        limit: 50,
+    };
+    vec![
+        statement("find_same_request", FIND_SAME_REQUEST_SQL),
+        statement("sweep_expired_leases", SWEEP_EXPIRED_LEASES_SQL),
+        statement("claim_due", &claim_due_sql()),
+        statement("claim_for_reconcile", &claim_for_reconcile_sql()),
+        statement("purge", PURGE_SQL),
+        statement("backlog_stats", BACKLOG_STATS_SQL),
+        statement("history", HISTORY_SQL),
+        statement("list (by status)", list_query(&list).sql().as_str()),
+        statement(
+            "list_review",
+            list_review_query(&Namespace::default(), page_after, 50)
+                .sql()
+                .as_str(),
+        ),
+    ]
 }
