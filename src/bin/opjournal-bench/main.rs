@@ -59,6 +59,10 @@ struct Args {
     /// of disk on a 2-core machine.
     #[arg(long, default_value_t = 0)]
     preload: i64,
+    /// Operations deleted by each timed purge statement (a preloaded journal has half a
+    /// percent of its operations past retention).
+    #[arg(long, default_value_t = 1000)]
+    purge_batch: i64,
     /// Database pool of the server; default: one connection per client.
     #[arg(long)]
     max_connections: Option<u32>,
@@ -147,7 +151,7 @@ struct JournalRun {
     open_loop: RunResult,
     reconcile: Value,
     rss: Value,
-    /// Milliseconds of each timed purge statement (1000 operations due).
+    /// Milliseconds of each timed purge statement (`--purge-batch` operations each).
     purge_ms: Vec<f64>,
 }
 
@@ -404,8 +408,8 @@ impl Bench {
             Ok(mut run) => {
                 // The baseline of the purge at scale: the same statement on this small journal.
                 let timed = async {
-                    scale::make_purge_due(&stand.pool, 3000).await?;
-                    scale::time_purge(&stand.pool, 1000, 3).await
+                    scale::make_purge_due(&stand.pool, 3 * self.args.purge_batch).await?;
+                    scale::time_purge(&stand.pool, self.args.purge_batch, 3).await
                 };
                 run.purge_ms = timed.await?;
                 Ok(run)
@@ -663,6 +667,12 @@ impl Bench {
             succeeded == i64::try_from(backlog)?,
             "{succeeded} of {backlog} reconciled operations ended succeeded"
         );
+        // Reconciling looks effects up; it must never make one.
+        anyhow::ensure!(
+            stats["effects"].as_u64() == Some(u64::try_from(backlog)?),
+            "the provider holds {} effects for {backlog} operations",
+            stats["effects"]
+        );
         Ok(json!({
             "operations": backlog,
             "built_seconds": built_in,
@@ -698,7 +708,7 @@ impl Bench {
             loaded_in.as_secs_f64(),
             bytes as f64 / f64::from(1u32 << 30)
         );
-        let purge_ms = scale::time_purge(&stand.pool, 1000, 3).await?;
+        let purge_ms = scale::time_purge(&stand.pool, self.args.purge_batch, 3).await?;
         let plans = scale::plans(&stand.journal_url).await?;
         let run = self.scenarios(&stand, label).await;
         stand.stop().await;

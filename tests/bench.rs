@@ -1,0 +1,99 @@
+//! `opjournal-bench` runs end to end on a small scale: pgbench on the reference SQL, every
+//! journal scenario through the real server, the reconcile backlog, a preloaded journal and
+//! its query plans. Nothing here is timed: the figures are the benchmark's to report; this
+//! checks that one command produces all of them, with every answer the one promised.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use serde_json::Value;
+
+fn admin_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+#[tokio::test]
+async fn one_command_reports_every_figure_with_ratios_to_pgbench() {
+    let scratch = tempfile::tempdir().unwrap();
+    let report = scratch.path().join("report.json");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal-bench"))
+        .args(["--database-url", &admin_url()])
+        .args(["--clients", "2", "--duration", "1", "--warmup", "0.5"])
+        .args([
+            "--backlog",
+            "40",
+            "--preload",
+            "30000",
+            "--purge-batch",
+            "40",
+        ])
+        .arg("--report")
+        .arg(&report)
+        .env("TMPDIR", scratch.path())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+
+    // The table: pgbench's figures, the journal's with ratios, the targets.
+    for line in [
+        "minimal-lifecycle.sql",
+        "seed-lifecycle.sql",
+        "lifecycle (Begin + Complete)",
+        "replay (Begin, succeeded key)",
+        "conflict (same key, other payload)",
+        "reconcile worker on an unknown backlog",
+        "lifecycle / pgbench minimal SQL",
+        "Begin p99 preloaded / empty",
+        "server peak RSS, MiB",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in\n{stdout}");
+    }
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let pgbench = report["pgbench"].as_array().unwrap();
+    assert_eq!(pgbench.len(), 2);
+    for script in pgbench {
+        assert!(script["tps"].as_f64().unwrap() > 0.0, "{script}");
+    }
+    for journal in ["empty", "preloaded"] {
+        let runs = &report[journal]["runs"];
+        for run in ["lifecycle", "replay", "conflict", "open_loop"] {
+            let run = &runs[run];
+            assert!(run["ok"].as_u64().unwrap() > 0, "{journal}: {run}");
+            assert_eq!(run["errors"], 0, "{journal}: {run}");
+            assert!(run["latency"].as_object().unwrap().len() >= 1, "{run}");
+        }
+        let reconcile = &report[journal]["reconcile"];
+        assert_eq!(reconcile["succeeded"], 40, "{reconcile}");
+        // Exactly one effect per operation at the provider: looked up, never re-made.
+        assert_eq!(reconcile["provider_stats"]["effects"], 40, "{reconcile}");
+        assert!(
+            report[journal]["server_memory"]["peak_rss_mib"]
+                .as_f64()
+                .unwrap()
+                > 0.0
+        );
+        assert!(
+            !report[journal]["purge_batch_ms"]
+                .as_array()
+                .unwrap()
+                .is_empty()
+        );
+    }
+    assert_eq!(report["preloaded"]["operations"].as_i64().unwrap(), 30_001);
+    let targets = report["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 6);
+    for target in targets {
+        assert!(target["value"].as_f64().is_some(), "{target}");
+    }
+
+    // The hot path's plans on the preloaded journal: every statement uses an index.
+    let plans = report["preloaded"]["plans"].as_array().unwrap();
+    assert!(!plans.is_empty());
+    for plan in plans {
+        assert_eq!(plan["seq_scan"], false, "{plan}");
+    }
+}
