@@ -172,6 +172,9 @@ fn list_review_query(
     sql
 }
 
+/// How long a pooled connection may sit idle before it is pinged on its next use.
+pub const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
+
 /// The journal on Postgres.
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -187,11 +190,26 @@ impl PgStore {
     /// Creates a lazily connecting pool of at most `max_connections`; connections are made
     /// on first use, so the server starts (not ready) while the database is down.
     ///
+    /// A connection that sat idle for [`IDLE_PING_AFTER`] or longer is pinged before it is
+    /// used (a dead one is replaced); one in steady use is not, which saves a round trip per
+    /// statement. A statement sent on a connection that died since its last use fails
+    /// `UNAVAILABLE`/`STORE_UNAVAILABLE` having written nothing, and the connection is
+    /// dropped.
+    ///
     /// Errors: the URL cannot be parsed.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(3))
+            .test_before_acquire(false)
+            .before_acquire(|connection, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_PING_AFTER {
+                        sqlx::Connection::ping(connection).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_lazy(url)
             .map_err(|e| StoreError::Other(Box::new(e)))?;
         Ok(Self { pool })
