@@ -64,7 +64,7 @@ async fn one_command_reports_every_figure_with_ratios_to_pgbench() {
             let run = &runs[run];
             assert!(run["ok"].as_u64().unwrap() > 0, "{journal}: {run}");
             assert_eq!(run["errors"], 0, "{journal}: {run}");
-            assert!(run["latency"].as_object().unwrap().len() >= 1, "{run}");
+            assert!(!run["latency"].as_object().unwrap().is_empty(), "{run}");
         }
         let reconcile = &report[journal]["reconcile"];
         assert_eq!(reconcile["succeeded"], 40, "{reconcile}");
