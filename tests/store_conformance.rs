@@ -23,7 +23,9 @@ use opjournal::domain::model::{
 };
 use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
-use opjournal::store::{Database, JournalStore, ListQuery, NewOperation, Resolution, Settlement};
+use opjournal::store::{
+    Database, JournalStore, ListQuery, NewOperation, Registration, Resolution, Settled, Settlement,
+};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -124,6 +126,19 @@ impl Fixture {
             .await
             .unwrap()
             .unwrap()
+    }
+
+    /// A registered operation whose lease ended without a report: swept to unknown.
+    async fn unknown_by_sweep(&self, key: &str) -> OperationRecord {
+        let record = self.register(key, Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(self.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
+        let swept = self.get(key).await;
+        assert_eq!(swept.status, Status::Unknown);
+        OperationRecord {
+            lease_id: record.lease_id,
+            ..swept
+        }
     }
 
     /// A registered operation whose holder reported a timeout: unknown, due for a lookup now.
@@ -1210,6 +1225,226 @@ async fn purge_takes_bounded_batches(fx: &Fixture) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The hot path: registration and reports in one call
+
+async fn a_registration_answers_the_existing_row_and_changes_nothing(fx: &Fixture) {
+    let new = new_operation("k", LEASE);
+    let Registration::Inserted(first) = fx.store.register(&new).await.unwrap() else {
+        panic!("a new key is inserted");
+    };
+    assert_eq!((first.status, first.attempt_count), (Status::InProgress, 1));
+    assert_eq!(first.lease_id, Some(new.lease_id));
+    assert_eq!(
+        first.lease_until.unwrap() - first.observed_at,
+        chrono::Duration::seconds(30)
+    );
+    let mut again = new_operation("k", LEASE);
+    again.request_hash = RequestHash::from_hex(&"b".repeat(64)).unwrap();
+    let Registration::Existing(existing) = fx.store.register(&again).await.unwrap() else {
+        panic!("an existing key answers its row");
+    };
+    assert_eq!(
+        OperationRecord {
+            observed_at: first.observed_at,
+            ..existing.clone()
+        },
+        first,
+        "the existing row as the first registration wrote it"
+    );
+    assert!(existing.observed_at >= first.observed_at);
+    assert_eq!(
+        OperationRecord {
+            observed_at: existing.observed_at,
+            ..fx.get("k").await
+        },
+        existing,
+        "nothing changed"
+    );
+    assert_eq!(
+        fx.history("k").await,
+        [(None, Status::InProgress, 1, false, client("registered"))]
+    );
+    // The existing row is answered in whatever state it is.
+    fx.store
+        .settle(&token(&first), &succeeded("pay_1"))
+        .await
+        .unwrap()
+        .unwrap();
+    let Registration::Existing(done) = fx.store.register(&again).await.unwrap() else {
+        panic!("an existing key answers its row");
+    };
+    assert_eq!(done.status, Status::Succeeded);
+    assert_eq!(done.external_id.as_deref(), Some("pay_1"));
+}
+
+async fn concurrent_registrations_of_one_key_insert_once(fx: &Fixture) {
+    let second = fx.second_store();
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        let store = if i % 2 == 0 {
+            fx.store.clone()
+        } else {
+            second.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            let registration = store.register(&new_operation("k", LEASE)).await.unwrap();
+            // A row committed after the statement's snapshot is read again.
+            let reread = match &registration {
+                Registration::Raced => Some(
+                    store
+                        .get(&ns(), &OperationKey::parse("k").unwrap())
+                        .await
+                        .unwrap()
+                        .expect("a raced registration finds the row"),
+                ),
+                _ => None,
+            };
+            (registration, reread)
+        }));
+    }
+    let (mut inserted, mut seen) = (Vec::new(), Vec::new());
+    for task in tasks {
+        match task.await.unwrap() {
+            (Registration::Inserted(record), None) => inserted.push(record),
+            (Registration::Existing(row), None) | (Registration::Raced, Some(row)) => {
+                seen.push(row)
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(inserted.len(), 1, "exactly one registration inserts");
+    assert_eq!(seen.len(), 29);
+    for row in &seen {
+        assert_eq!(
+            (row.attempt_count, row.lease_id),
+            (1, inserted[0].lease_id),
+            "every other registration sees the one lease"
+        );
+    }
+    assert_eq!(fx.history("k").await.len(), 1);
+}
+
+async fn a_report_answers_the_status_it_left(fx: &Fixture) {
+    // From in_progress.
+    let live = fx.register("live", LEASE).await;
+    let Settled { record, previous } = fx
+        .store
+        .settle_with_previous(&token(&live), &succeeded("pay_1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (previous, record.status),
+        (Status::InProgress, Status::Succeeded)
+    );
+    assert_eq!(record.external_id.as_deref(), Some("pay_1"));
+    assert_eq!(record.result_json.as_deref(), Some(r#"{"id":"pay_1"}"#));
+    // Reported once: the same or another report applies no more, and changes nothing.
+    for report in [succeeded("pay_1"), declined(), timed_out()] {
+        assert!(
+            fx.store
+                .settle_with_previous(&token(&live), &report)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    assert_eq!(fx.history("live").await.len(), 2);
+    assert_eq!(fx.get("live").await.status, Status::Succeeded);
+
+    // From unknown, where the sweep put a silent holder's operation.
+    let swept = fx.register("swept", Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
+    let Settled { record, previous } = fx
+        .store
+        .settle_with_previous(&token(&swept), &declined())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (previous, record.status),
+        (Status::Unknown, Status::FailedFinal)
+    );
+    assert_eq!(
+        fx.history("swept").await[1..],
+        [
+            (
+                Some(Status::InProgress),
+                Status::Unknown,
+                1,
+                false,
+                worker("w", "lease_expired")
+            ),
+            (
+                Some(Status::Unknown),
+                Status::FailedFinal,
+                1,
+                false,
+                client("card_declined")
+            ),
+        ]
+    );
+
+    // From pending, where a release put it before the holder reported.
+    let released = fx.unknown_by_sweep("released").await;
+    fx.store
+        .resolve(
+            &released,
+            &Resolution::ReleaseForRetry,
+            &Attribution::worker("w", "proven_absent"),
+            true,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let Settled { record, previous } = fx
+        .store
+        .settle_with_previous(&token(&released), &timed_out())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (previous, record.status),
+        (Status::Pending, Status::Unknown)
+    );
+    assert_eq!(record.error_code.as_deref(), Some("timeout"));
+
+    // Another lease's token, or a later attempt, applies nothing.
+    let other = fx.register("other", LEASE).await;
+    let forged = LeaseToken {
+        lease_id: Uuid::new_v4(),
+        ..token(&other)
+    };
+    let stale = LeaseToken {
+        attempt: 2,
+        ..token(&other)
+    };
+    for token in [forged, stale] {
+        assert!(
+            fx.store
+                .settle_with_previous(&token, &succeeded("pay_3"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    assert_eq!(fx.get("other").await.status, Status::InProgress);
+    // A missing operation too.
+    let missing = LeaseToken {
+        operation_key: OperationKey::parse("missing").unwrap(),
+        ..token(&other)
+    };
+    assert!(
+        fx.store
+            .settle_with_previous(&missing, &declined())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // Through the journal
 
 async fn fifty_concurrent_begins_of_one_new_key_execute_once(fx: &Fixture) {
@@ -1391,6 +1626,9 @@ conformance!(
     migrations_apply_again_without_change,
     backlog_stats_count_unknown_and_review_and_age_the_oldest,
     the_registering_trace_context_is_kept_in_its_w3c_form_only,
+    a_registration_answers_the_existing_row_and_changes_nothing,
+    concurrent_registrations_of_one_key_insert_once,
+    a_report_answers_the_status_it_left,
 );
 
 /// The backlog gauges' statement is answered from partial indexes on Postgres, so its cost
@@ -1413,4 +1651,106 @@ async fn the_backlog_statement_uses_only_partial_indexes_on_postgres(pool: PgPoo
     assert!(!plan.contains("Seq Scan"), "{plan}");
     assert!(plan.contains("agent_operations_unknown_since"), "{plan}");
     assert!(plan.contains("agent_operations_review_queue"), "{plan}");
+}
+
+/// A report racing a change of its row on Postgres: the change committed after the report's
+/// snapshot is waited for, the fence is checked on the row as that change left it, and the
+/// status answered is the one the report replaced.
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_report_racing_a_change_of_its_row_sees_the_change_on_postgres(pool: PgPool) {
+    let fx = Fixture::postgres(pool.clone());
+    let swept = fx.register("swept", LEASE).await;
+    let taken = fx.register("taken", LEASE).await;
+
+    // The sweep moves `swept` to unknown in a transaction still open when the report comes.
+    let mut sweep = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE agent_operations SET status = 'unknown', error_code = 'lease_expired', \
+             unknown_since = lease_until, lease_until = NULL, next_check_at = now(), \
+             updated_at = now(), last_actor_kind = 'worker', last_actor = 'w', \
+             last_reason = 'lease_expired' \
+         WHERE operation_key = 'swept'",
+    )
+    .execute(&mut *sweep)
+    .await
+    .unwrap();
+    let store = fx.store.clone();
+    let token_swept = token(&swept);
+    let report =
+        tokio::spawn(async move { store.settle_with_previous(&token_swept, &declined()).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!report.is_finished(), "the report waits for the sweep");
+    sweep.commit().await.unwrap();
+    let Settled { record, previous } = report.await.unwrap().unwrap().unwrap();
+    assert_eq!(
+        (previous, record.status),
+        (Status::Unknown, Status::FailedFinal)
+    );
+    assert_eq!(
+        fx.history("swept").await[1..]
+            .iter()
+            .map(|e| (e.0, e.1))
+            .collect::<Vec<_>>(),
+        [
+            (Some(Status::InProgress), Status::Unknown),
+            (Some(Status::Unknown), Status::FailedFinal)
+        ]
+    );
+
+    // A later attempt takes `taken` over in a transaction still open when the report comes:
+    // the report no longer applies.
+    let mut takeover = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE agent_operations SET attempt_count = 2, lease_id = gen_random_uuid(), \
+             updated_at = now(), last_reason = 'reclaimed_with_same_key' \
+         WHERE operation_key = 'taken'",
+    )
+    .execute(&mut *takeover)
+    .await
+    .unwrap();
+    let store = fx.store.clone();
+    let token_taken = token(&taken);
+    let report = tokio::spawn(async move {
+        store
+            .settle_with_previous(&token_taken, &succeeded("pay_1"))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!report.is_finished(), "the report waits for the takeover");
+    takeover.commit().await.unwrap();
+    assert!(report.await.unwrap().unwrap().is_none());
+    let row = fx.get("taken").await;
+    assert_eq!((row.status, row.attempt_count), (Status::InProgress, 2));
+}
+
+/// A registration racing a concurrent one on Postgres: the row committed after the
+/// registration's snapshot is not readable by it, and it answers `Raced`; nothing is changed.
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_registration_racing_another_answers_raced_on_postgres(pool: PgPool) {
+    let fx = Fixture::postgres(pool.clone());
+    let mut other = pool.begin().await.unwrap();
+    let first = new_operation("k", LEASE);
+    sqlx::query(
+        "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
+             status, attempt_count, lease_until, lease_id, last_reason, created_at, updated_at) \
+         VALUES ('default', 'k', 'create_payment', repeat('a', 64), 'in_progress', 1, \
+             now() + interval '30 seconds', $1, 'registered', now(), now())",
+    )
+    .bind(first.lease_id)
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    let store = fx.store.clone();
+    let registration =
+        tokio::spawn(async move { store.register(&new_operation("k", LEASE)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !registration.is_finished(),
+        "the registration waits for the other"
+    );
+    other.commit().await.unwrap();
+    assert_eq!(registration.await.unwrap().unwrap(), Registration::Raced);
+    let row = fx.get("k").await;
+    assert_eq!((row.attempt_count, row.lease_id), (1, Some(first.lease_id)));
+    assert_eq!(fx.history("k").await.len(), 1);
 }

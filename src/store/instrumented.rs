@@ -16,7 +16,8 @@ use tracing::field::Empty;
 use uuid::Uuid;
 
 use super::{
-    BacklogStats, JournalStore, ListQuery, NewOperation, Resolution, Settlement, StoreError,
+    BacklogStats, JournalStore, ListQuery, NewOperation, Registration, Resolution, Settled,
+    Settlement, StoreError,
 };
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
@@ -102,6 +103,11 @@ impl JournalStore for InstrumentedStore {
         .await
     }
 
+    async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
+        self.call("register", "INSERT", OPERATIONS, self.inner.register(new))
+            .await
+    }
+
     async fn get(
         &self,
         namespace: &Namespace,
@@ -146,6 +152,20 @@ impl JournalStore for InstrumentedStore {
             "UPDATE",
             OPERATIONS,
             self.inner.settle(token, settlement),
+        )
+        .await
+    }
+
+    async fn settle_with_previous(
+        &self,
+        token: &LeaseToken,
+        settlement: &Settlement,
+    ) -> Result<Option<Settled>, StoreError> {
+        self.call(
+            "settle_with_previous",
+            "UPDATE",
+            OPERATIONS,
+            self.inner.settle_with_previous(token, settlement),
         )
         .await
     }

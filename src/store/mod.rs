@@ -8,7 +8,9 @@
 //! Every method is a single statement (one round trip, one commit): no transaction is ever
 //! held open across anything slow. Methods that change a row take the state the caller
 //! read and return `None` when the row no longer matches it; the caller decides what that
-//! means.
+//! means. Two methods have a default built from two others ([`JournalStore::register`],
+//! [`JournalStore::settle_with_previous`]): a backend that can answer them in one statement
+//! (Postgres) overrides them; the default costs two statements.
 
 pub mod copy;
 pub mod instrumented;
@@ -252,6 +254,30 @@ impl Settlement {
     }
 }
 
+/// The answer of [`JournalStore::register`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Registration {
+    /// The key was new: the operation is registered `in_progress`, attempt 1, under the
+    /// lease of the [`NewOperation`].
+    Inserted(OperationRecord),
+    /// The key already exists in the namespace: its row as read by the same call, unchanged.
+    Existing(OperationRecord),
+    /// The key exists but this call could not read its row: it was committed by a concurrent
+    /// call after this one's snapshot was taken (Postgres), or removed in between. Nothing
+    /// was changed; read the row again ([`JournalStore::get`]).
+    Raced,
+}
+
+/// A report applied by [`JournalStore::settle_with_previous`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settled {
+    /// The row after the report.
+    pub record: OperationRecord,
+    /// The status the report moved the row from (`in_progress`, or `unknown` / `pending` when
+    /// the sweep or a release put it there), for the transition's `from`.
+    pub previous: Status,
+}
+
 /// What a reconcile lookup established, to apply with compare-and-set.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Resolution {
@@ -339,6 +365,23 @@ pub trait JournalStore: Send + Sync + 'static {
         new: &NewOperation,
     ) -> Result<Option<OperationRecord>, StoreError>;
 
+    /// Registers `new` like [`insert_and_claim`](Self::insert_and_claim), and when the key
+    /// already exists, answers its row in the same call: [`Registration::Inserted`] with the
+    /// new row, [`Registration::Existing`] with the existing row (nothing is changed), or
+    /// [`Registration::Raced`] when the existing row could not be read (see there).
+    ///
+    /// The default is `insert_and_claim`, then `get` when the key exists (two statements);
+    /// Postgres answers in one.
+    async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
+        if let Some(record) = self.insert_and_claim(new).await? {
+            return Ok(Registration::Inserted(record));
+        }
+        Ok(match self.get(&new.namespace, &new.operation_key).await? {
+            Some(row) => Registration::Existing(row),
+            None => Registration::Raced,
+        })
+    }
+
     /// Reads one operation with the database clock.
     async fn get(
         &self,
@@ -365,6 +408,28 @@ pub trait JournalStore: Send + Sync + 'static {
         token: &LeaseToken,
         settlement: &Settlement,
     ) -> Result<Option<OperationRecord>, StoreError>;
+
+    /// Applies a report like [`settle`](Self::settle) and also answers the status the row
+    /// left, read from the version the report changed; `None` when the report does not apply
+    /// (nothing is changed).
+    ///
+    /// The default reads the row with `get`, then settles (two statements; the status read
+    /// may be older than the one the report changed if another writer came in between, as
+    /// when the caller reads first). Postgres answers in one statement, from the row version
+    /// it changed.
+    async fn settle_with_previous(
+        &self,
+        token: &LeaseToken,
+        settlement: &Settlement,
+    ) -> Result<Option<Settled>, StoreError> {
+        let Some(before) = self.get(&token.namespace, &token.operation_key).await? else {
+            return Ok(None);
+        };
+        Ok(self.settle(token, settlement).await?.map(|record| Settled {
+            record,
+            previous: before.status,
+        }))
+    }
 
     /// Extends a live lease held by `token` to `lease` from now.
     async fn renew(

@@ -10,7 +10,8 @@ use sqlx::{Postgres, QueryBuilder, Row};
 use uuid::Uuid;
 
 use super::{
-    BacklogStats, JournalStore, ListQuery, NewOperation, Resolution, Settlement, StoreError,
+    BacklogStats, JournalStore, ListQuery, NewOperation, Registration, Resolution, Settled,
+    Settlement, StoreError,
 };
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
@@ -344,35 +345,139 @@ fn seconds(duration: Duration) -> f64 {
     duration.as_secs_f64()
 }
 
+/// Registers a new operation `in_progress` with attempt 1 and a lease, unless its key
+/// exists (parameters bound by [`bind_new`]); without a RETURNING list.
+const INSERT_AND_CLAIM: &str = "INSERT INTO agent_operations (namespace, operation_key, \
+         action_type, request_hash, status, attempt_count, lease_until, lease_id, \
+         business_references, last_actor_kind, last_actor, last_reason, action_policy, \
+         trace_context, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, 'in_progress', 1, now() + make_interval(secs => $5), \
+         $6, $7, 'client', '', 'registered', $8, $9, now(), now()) \
+     ON CONFLICT (namespace, operation_key) DO NOTHING";
+
+/// Binds the parameters of [`INSERT_AND_CLAIM`].
+fn bind_new<'q>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    new: &'q NewOperation,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind(new.namespace.as_str())
+        .bind(new.operation_key.as_str())
+        .bind(new.action_type.as_str())
+        .bind(new.request_hash.to_hex())
+        .bind(seconds(new.lease))
+        .bind(new.lease_id)
+        .bind(sqlx::types::Json(&new.references))
+        .bind(&new.action_policy)
+        .bind(new.trace_context.as_deref())
+}
+
+/// What every report sets besides its outcome: the holder reported.
+const REPORTED: &str = "last_actor_kind = 'client', last_actor = '', outcome_reported = true";
+
+/// Which rows a report (`$1`..`$4`: namespace, key, attempt, lease id) may change: the
+/// holder of an attempt reports once, while no later attempt exists: from in_progress (even
+/// after its lease ended), or from unknown or pending when the sweep or a release, not the
+/// holder, put it there.
+const REPORT_FENCE: &str = "namespace = $1 AND operation_key = $2 \
+     AND attempt_count = $3 AND lease_id = $4 \
+     AND (status = 'in_progress' \
+          OR (status IN ('unknown', 'pending') AND NOT outcome_reported))";
+
+/// The outcome columns a report sets, from parameters `$5` on (see [`bind_settlement`]).
+fn settlement_set(settlement: &Settlement) -> &'static str {
+    match settlement {
+        Settlement::Succeeded { .. } => {
+            "status = 'succeeded', external_id = $5, \
+             result_json = $6, error_code = NULL, lease_until = NULL, \
+             unknown_since = NULL, next_check_at = NULL, updated_at = now(), \
+             last_reason = 'completed', review_required_at = NULL, \
+             review_reason = NULL"
+        }
+        Settlement::FailedFinal { .. } => {
+            "status = 'failed_final', error_code = $5, \
+             lease_until = NULL, unknown_since = NULL, next_check_at = NULL, \
+             updated_at = now(), last_reason = $5, review_required_at = NULL, \
+             review_reason = NULL"
+        }
+        Settlement::Unknown { .. } => {
+            "status = 'unknown', error_code = $5, \
+             lease_until = NULL, unknown_since = COALESCE(unknown_since, now()), \
+             next_check_at = CASE WHEN review_required_at IS NULL \
+                 THEN now() + make_interval(secs => $6) END, \
+             updated_at = now(), last_reason = $5"
+        }
+    }
+}
+
+/// Binds a report's parameters: the token's as `$1`..`$4`, the outcome's from `$5`.
+fn bind_settlement<'q>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    token: &'q LeaseToken,
+    settlement: &Settlement,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    let query = query
+        .bind(token.namespace.as_str())
+        .bind(token.operation_key.as_str())
+        .bind(token.attempt)
+        .bind(token.lease_id);
+    match settlement {
+        Settlement::Succeeded {
+            external_id,
+            result_json,
+        } => query
+            .bind(external_id.as_ref().map(|id| id.as_str().to_owned()))
+            .bind(result_json.clone()),
+        Settlement::FailedFinal { error_code } => query.bind(error_code.as_str().to_owned()),
+        Settlement::Unknown {
+            error_code,
+            first_check_after,
+        } => query
+            .bind(error_code.as_ref().map(|c| c.as_str().to_owned()))
+            .bind(seconds(*first_check_after)),
+    }
+}
+
 #[async_trait]
 impl JournalStore for PgStore {
     async fn insert_and_claim(
         &self,
         new: &NewOperation,
     ) -> Result<Option<OperationRecord>, StoreError> {
+        let sql = format!("{INSERT_AND_CLAIM} RETURNING {COLUMNS}");
+        self.fetch_optional(bind_new(sqlx::query(trusted(sql)), new))
+            .await
+    }
+
+    async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
+        // One statement: the insert, or else the existing row. The SELECT reads the
+        // statement's snapshot, while the insert's conflict check also sees a row committed
+        // after it (it waits for a concurrent inserter): such a row is answered as Raced, and
+        // the caller reads it again.
         let sql = format!(
-            "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
-                 status, attempt_count, lease_until, lease_id, business_references, \
-                 last_actor_kind, last_actor, last_reason, action_policy, trace_context, \
-                 created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, 'in_progress', 1, now() + make_interval(secs => $5), \
-                 $6, $7, 'client', '', 'registered', $8, $9, now(), now()) \
-             ON CONFLICT (namespace, operation_key) DO NOTHING \
-             RETURNING {COLUMNS}"
+            "WITH inserted AS ({INSERT_AND_CLAIM} RETURNING {COLUMNS}, true AS inserted) \
+             SELECT * FROM inserted \
+             UNION ALL \
+             SELECT {COLUMNS}, false AS inserted FROM agent_operations \
+             WHERE namespace = $1 AND operation_key = $2 \
+               AND NOT EXISTS (SELECT 1 FROM inserted)"
         );
-        self.fetch_optional(
-            sqlx::query(trusted(sql))
-                .bind(new.namespace.as_str())
-                .bind(new.operation_key.as_str())
-                .bind(new.action_type.as_str())
-                .bind(new.request_hash.to_hex())
-                .bind(seconds(new.lease))
-                .bind(new.lease_id)
-                .bind(sqlx::types::Json(&new.references))
-                .bind(&new.action_policy)
-                .bind(new.trace_context.as_deref()),
-        )
-        .await
+        let row = bind_new(sqlx::query(trusted(sql)), new)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(classify)?;
+        let Some(row) = row else {
+            return Ok(Registration::Raced);
+        };
+        let inserted: bool = row
+            .try_get("inserted")
+            .map_err(|e| StoreError::Other(Box::new(e)))?;
+        let record = record_from_row(&row)?;
+        Ok(if inserted {
+            Registration::Inserted(record)
+        } else {
+            Registration::Existing(record)
+        })
     }
 
     async fn get(
@@ -432,60 +537,52 @@ impl JournalStore for PgStore {
         token: &LeaseToken,
         settlement: &Settlement,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        // The holder of an attempt reports once, while no later attempt exists: from
-        // in_progress (even after its lease ended), or from unknown or pending when the sweep
-        // or a release, not the holder, put it there.
-        let fence = ", last_actor_kind = 'client', last_actor = '', outcome_reported = true \
-                     WHERE namespace = $1 AND operation_key = $2 \
-                     AND attempt_count = $3 AND lease_id = $4 \
-                     AND (status = 'in_progress' \
-                          OR (status IN ('unknown', 'pending') AND NOT outcome_reported))";
-        let sql = match settlement {
-            Settlement::Succeeded { .. } => format!(
-                "UPDATE agent_operations SET status = 'succeeded', external_id = $5, \
-                     result_json = $6, error_code = NULL, lease_until = NULL, \
-                     unknown_since = NULL, next_check_at = NULL, updated_at = now(), \
-                     last_reason = 'completed', review_required_at = NULL, \
-                     review_reason = NULL \
-                 {fence} RETURNING {COLUMNS}"
-            ),
-            Settlement::FailedFinal { .. } => format!(
-                "UPDATE agent_operations SET status = 'failed_final', error_code = $5, \
-                     lease_until = NULL, unknown_since = NULL, next_check_at = NULL, \
-                     updated_at = now(), last_reason = $5, review_required_at = NULL, \
-                     review_reason = NULL \
-                 {fence} RETURNING {COLUMNS}"
-            ),
-            Settlement::Unknown { .. } => format!(
-                "UPDATE agent_operations SET status = 'unknown', error_code = $5, \
-                     lease_until = NULL, unknown_since = COALESCE(unknown_since, now()), \
-                     next_check_at = CASE WHEN review_required_at IS NULL \
-                         THEN now() + make_interval(secs => $6) END, \
-                     updated_at = now(), last_reason = $5 \
-                 {fence} RETURNING {COLUMNS}"
-            ),
+        let sql = format!(
+            "UPDATE agent_operations SET {set}, {REPORTED} WHERE {REPORT_FENCE} \
+             RETURNING {COLUMNS}",
+            set = settlement_set(settlement),
+        );
+        self.fetch_optional(bind_settlement(
+            sqlx::query(trusted(sql)),
+            token,
+            settlement,
+        ))
+        .await
+    }
+
+    async fn settle_with_previous(
+        &self,
+        token: &LeaseToken,
+        settlement: &Settlement,
+    ) -> Result<Option<Settled>, StoreError> {
+        // The subquery locks the row's latest version before the update is applied, and
+        // answers that version's status: under READ COMMITTED a concurrent change committed
+        // after this statement's snapshot (the sweep, a release) is waited for and followed,
+        // the fence is rechecked on the same latest version (EvalPlanQual), and the status
+        // returned is the one the update replaced. The update takes the same lock mode, so
+        // nothing can change the row between the lock and the update.
+        let sql = format!(
+            "UPDATE agent_operations SET {set}, {REPORTED} \
+             FROM (SELECT status AS previous_status FROM agent_operations \
+                   WHERE namespace = $1 AND operation_key = $2 FOR NO KEY UPDATE) previous \
+             WHERE {REPORT_FENCE} \
+             RETURNING {COLUMNS}, previous.previous_status",
+            set = settlement_set(settlement),
+        );
+        let row = bind_settlement(sqlx::query(trusted(sql)), token, settlement)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(classify)?;
+        let Some(row) = row else {
+            return Ok(None);
         };
-        let query = sqlx::query(trusted(sql))
-            .bind(token.namespace.as_str())
-            .bind(token.operation_key.as_str())
-            .bind(token.attempt)
-            .bind(token.lease_id);
-        let query = match settlement {
-            Settlement::Succeeded {
-                external_id,
-                result_json,
-            } => query
-                .bind(external_id.as_ref().map(|id| id.as_str().to_owned()))
-                .bind(result_json.clone()),
-            Settlement::FailedFinal { error_code } => query.bind(error_code.as_str().to_owned()),
-            Settlement::Unknown {
-                error_code,
-                first_check_after,
-            } => query
-                .bind(error_code.as_ref().map(|c| c.as_str().to_owned()))
-                .bind(seconds(*first_check_after)),
-        };
-        self.fetch_optional(query).await
+        let previous: String = row
+            .try_get("previous_status")
+            .map_err(|e| StoreError::Other(Box::new(e)))?;
+        Ok(Some(Settled {
+            record: record_from_row(&row)?,
+            previous: Status::from_db(&previous).ok_or_else(|| corrupt("status"))?,
+        }))
     }
 
     async fn renew(
