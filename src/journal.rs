@@ -25,7 +25,7 @@ use crate::domain::policy::{
     ActionPolicy, AdapterConfig, DuplicateIntentMode, Policy, ResultSource,
 };
 use crate::domain::sensitive;
-use crate::store::{JournalStore, ListQuery, NewOperation, Settlement};
+use crate::store::{JournalStore, ListQuery, NewOperation, Registration, Settlement};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 
@@ -266,16 +266,22 @@ impl Journal {
                     .as_ref()
                     .map(|t| t.as_str().to_owned()),
             };
-            if let Some(record) = self.store.insert_and_claim(&new).await? {
-                self.metrics.transitions(None, Status::InProgress, 1);
-                return Ok(execute(record, new.lease_id));
-            }
-            let Some(row) = self
-                .store
-                .get(&command.namespace, &command.operation_key)
-                .await?
-            else {
-                continue; // removed between the two statements: register again
+            let row = match self.store.register(&new).await? {
+                Registration::Inserted(record) => {
+                    self.metrics.transitions(None, Status::InProgress, 1);
+                    return Ok(execute(record, new.lease_id));
+                }
+                Registration::Existing(row) => row,
+                // Committed by a concurrent Begin after the register statement's snapshot (or
+                // removed meanwhile): read it now.
+                Registration::Raced => match self
+                    .store
+                    .get(&command.namespace, &command.operation_key)
+                    .await?
+                {
+                    Some(row) => row,
+                    None => continue, // removed before it could be read: register again
+                },
             };
             // The rules the operation was registered under, not today's file.
             let rules = row.action_policy.clone();

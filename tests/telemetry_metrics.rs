@@ -332,10 +332,7 @@ async fn the_scrape_endpoint_exposes_every_metric_with_its_unit_and_labels(pool:
     assert_eq!(
         get(
             "opjournal_store_errors_total",
-            &[
-                ("operation", "insert_and_claim"),
-                ("error_type", "unavailable")
-            ],
+            &[("operation", "register"), ("error_type", "unavailable")],
         ),
         1.0
     );

@@ -160,16 +160,13 @@ async fn a_begin_continues_the_callers_trace_and_a_reconcile_links_to_it(pool: P
     assert_eq!(attrs["opjournal.begin.decision"], "execute");
     let server_span_id = hex_id(&server.span_id);
 
-    // The insert is a client span under it.
+    // The registration is a client span under it.
     let insert = only(&spans, "INSERT agent_operations");
     assert_eq!(hex_id(&insert.trace_id), TRACE_ID);
     assert_eq!(hex_id(&insert.parent_span_id), server_span_id);
     assert_eq!(insert.kind, SpanKind::Client as i32);
     assert_eq!(attributes(insert)["db.system.name"], "postgresql");
-    assert_eq!(
-        attributes(insert)["opjournal.store.method"],
-        "insert_and_claim"
-    );
+    assert_eq!(attributes(insert)["opjournal.store.method"], "register");
 
     // The report is its own RPC span in the same trace.
     let report = only(&spans, "opjournal.v1.OperationJournal/ReportUnknownOutcome");
