@@ -133,10 +133,14 @@ pub struct Journal {
     counters: Arc<JournalCounters>,
     key_deriver: Option<Arc<KeyDeriver>>,
     metrics: Metrics,
+    leases: LeaseRules,
 }
 
 impl Journal {
-    /// A journal over `store` applying `policy`, without key derivation.
+    /// A journal over `store` applying `policy`, without key derivation. It keeps in memory
+    /// the action type and recorded policy of up to [`LEASE_RULES_ENTRIES`] leases it
+    /// granted, each until its holder's report or the end of its lease, so that the report
+    /// need not read the row first.
     pub fn new(store: Arc<dyn JournalStore>, policy: Arc<Policy>, limits: RequestLimits) -> Self {
         Self {
             store,
@@ -145,6 +149,7 @@ impl Journal {
             counters: Arc::default(),
             key_deriver: None,
             metrics: Metrics::disabled(),
+            leases: LeaseRules::new(LEASE_RULES_ENTRIES),
         }
     }
 
@@ -269,7 +274,7 @@ impl Journal {
             let row = match self.store.register(&new).await? {
                 Registration::Inserted(record) => {
                     self.metrics.transitions(None, Status::InProgress, 1);
-                    return Ok(execute(record, new.lease_id));
+                    return Ok(self.execute(record, new.lease_id));
                 }
                 Registration::Existing(row) => row,
                 // Committed by a concurrent Begin after the register statement's snapshot (or
@@ -325,7 +330,7 @@ impl Journal {
                         if expected_status == Status::InProgress {
                             self.metrics.lease_expiries("begin", 1);
                         }
-                        return Ok(execute(record, lease_id));
+                        return Ok(self.execute(record, lease_id));
                     }
                     // Someone else changed the row first: read it again and decide again.
                 }
@@ -447,24 +452,30 @@ impl Journal {
                     .map_err(|e| JournalError::invalid_json("result_json", "INVALID_RESULT", &e))?,
             )
         };
-        let row = self.read_for_report(&token).await?;
-        let result_json = match value {
-            None => None,
+        let (result_json, before) = match value {
+            None => (None, None),
             Some(value) => {
-                // The rules the operation was registered under, not today's file.
-                let action = row
-                    .action_policy
-                    .as_ref()
-                    .or_else(|| self.policy.action(&row.action_type));
-                self.policy
-                    .result_rules(action, ResultSource::Caller)
-                    .sanitize(value)
-                    .map_err(|e| e.into_error("result_json"))?
+                let rules = self.report_rules(&token).await?;
+                let sanitized = self
+                    .policy
+                    .result_rules(self.action_of(&rules), ResultSource::Caller)
+                    .sanitize(value);
+                match sanitized {
+                    Ok(result_json) => (result_json, rules.status()),
+                    Err(error) => {
+                        if rules.status().is_none() {
+                            // As when the row is read first: a missing operation is
+                            // NOT_FOUND before its result is refused.
+                            self.read_for_report(&token).await?;
+                        }
+                        return Err(error.into_error("result_json"));
+                    }
+                }
             }
         };
         self.settle(
             &token,
-            &row,
+            before,
             Settlement::Succeeded {
                 external_id,
                 result_json,
@@ -484,6 +495,29 @@ impl Journal {
             .ok_or(JournalError::NotFound)
     }
 
+    /// The rules of the operation a holder reports on: kept from the Begin that granted the
+    /// lease when this journal granted it and it has not ended, else read from the row.
+    ///
+    /// Errors: as [`Journal::read_for_report`].
+    async fn report_rules(&self, token: &LeaseToken) -> Result<ReportRules, JournalError> {
+        match self.leases.recall(token) {
+            Some(kept) => Ok(ReportRules::Kept(kept)),
+            None => Ok(ReportRules::Read(Box::new(
+                self.read_for_report(token).await?,
+            ))),
+        }
+    }
+
+    /// The action policy a report applies: the one recorded with the operation, or the
+    /// file's entry for its action type when none was recorded (or it does not parse).
+    fn action_of<'a>(&'a self, rules: &'a ReportRules) -> Option<&'a ActionPolicy> {
+        let (action_type, recorded) = match rules {
+            ReportRules::Kept(kept) => (&kept.action_type, kept.recorded.as_ref()),
+            ReportRules::Read(row) => (&row.action_type, row.action_policy.as_ref()),
+        };
+        recorded.or_else(|| self.policy.action(action_type))
+    }
+
     /// Records a definitive rejection that proves no effect: -> `failed_final`.
     ///
     /// Errors: as [`Journal::complete`]; `error_code` is required.
@@ -499,8 +533,7 @@ impl Journal {
                 FieldViolation::new("error_code", "is required for a definitive failure"),
             )
         })?;
-        let row = self.read_for_report(&token).await?;
-        self.settle(&token, &row, Settlement::FailedFinal { error_code })
+        self.settle(&token, None, Settlement::FailedFinal { error_code })
             .await
     }
 
@@ -516,12 +549,10 @@ impl Journal {
         let token = LeaseToken::parse(lease_token)?;
         let error_code = ErrorCode::parse_optional(error_code)?
             .or_else(|| Some(ErrorCode::internal("unknown_outcome")));
-        let row = self.read_for_report(&token).await?;
+        let rules = self.report_rules(&token).await?;
         // An action without a lookup goes to review at once; others wait for the first check.
-        let first_check_after = row
-            .action_policy
-            .as_ref()
-            .or_else(|| self.policy.action(&row.action_type))
+        let first_check_after = self
+            .action_of(&rules)
             .filter(|a| {
                 matches!(
                     self.policy.adapter_for(a),
@@ -532,7 +563,7 @@ impl Journal {
             .unwrap_or_default();
         self.settle(
             &token,
-            &row,
+            rules.status(),
             Settlement::Unknown {
                 error_code,
                 first_check_after,
@@ -541,35 +572,50 @@ impl Journal {
         .await
     }
 
-    /// Applies a holder's report to the row read as `before`, counting the transition and
-    /// any conflict.
+    /// Applies a holder's report, counting the transition and any conflict. `before` is the
+    /// status of the row when the caller read it first; without it, the report's statement
+    /// answers the status it changed.
     async fn settle(
         &self,
         token: &LeaseToken,
-        before: &OperationRecord,
+        before: Option<Status>,
         settlement: Settlement,
     ) -> Result<OperationRecord, JournalError> {
-        let result = self.settle_unobserved(token, settlement).await;
+        let result = self.settle_unobserved(token, before, settlement).await;
         match &result {
-            Ok((record, true)) => {
-                self.metrics
-                    .transitions(Some(before.status), record.status, 1);
+            Ok((record, Some(from))) => {
+                self.metrics.transitions(Some(*from), record.status, 1);
             }
-            Ok((_, false)) => {}
+            Ok((_, None)) => {}
             Err(error) => self.metrics.journal_error(error),
         }
         result.map(|(record, _)| record)
     }
 
-    /// The record after the report, and whether this call changed it (a retried report is
-    /// answered from the row).
+    /// The record after the report, and the status this call changed it from (`None`: a
+    /// retried report answered from the row).
     async fn settle_unobserved(
         &self,
         token: &LeaseToken,
+        before: Option<Status>,
         settlement: Settlement,
-    ) -> Result<(OperationRecord, bool), JournalError> {
-        if let Some(record) = self.store.settle(token, &settlement).await? {
-            return Ok((record, true));
+    ) -> Result<(OperationRecord, Option<Status>), JournalError> {
+        let applied = match before {
+            Some(before) => self
+                .store
+                .settle(token, &settlement)
+                .await?
+                .map(|record| (record, before)),
+            None => self
+                .store
+                .settle_with_previous(token, &settlement)
+                .await?
+                .map(|settled| (settled.record, settled.previous)),
+        };
+        // Applied or not, this lease reports nothing more that needs its rules.
+        self.leases.forget(token);
+        if let Some((record, from)) = applied {
+            return Ok((record, Some(from)));
         }
         let row = self
             .store
@@ -580,7 +626,7 @@ impl Journal {
             return Err(JournalError::LeaseLost);
         }
         if settlement.already_recorded_in(&row) {
-            return Ok((row, false)); // a retried report after its commit
+            return Ok((row, None)); // a retried report after its commit
         }
         Err(JournalError::OutcomeAlreadyRecorded { status: row.status })
     }
@@ -597,6 +643,7 @@ impl Journal {
         let token = LeaseToken::parse(lease_token)?;
         let lease = lease::renewal_duration(lease_seconds, self.policy.defaults.max_lease_seconds);
         if let Some(record) = self.store.renew(&token, lease).await? {
+            self.leases.extend(&token, &record);
             return Ok(record);
         }
         let error = match self
@@ -743,7 +790,162 @@ impl BeginOutcome {
     }
 }
 
-fn execute(record: OperationRecord, lease_id: Uuid) -> BeginOutcome {
+impl Journal {
+    /// An `EXECUTE` answer for the lease `lease_id` just granted on `record`, keeping the
+    /// lease's rules for its holder's report.
+    fn execute(&self, record: OperationRecord, lease_id: Uuid) -> BeginOutcome {
+        let outcome = execute_outcome(record, lease_id);
+        if let BeginOutcome::Execute { record, token } = &outcome {
+            let file = self.policy.action(&record.action_type);
+            self.leases.remember(token, record, file);
+        }
+        outcome
+    }
+}
+
+/// Most leases whose rules a [`Journal`] keeps in memory at once (see [`LeaseRules`]). An
+/// entry holds the lease token, the action type and, only when it differs from the policy
+/// file's entry, the recorded action policy: a few hundred bytes.
+pub const LEASE_RULES_ENTRIES: u64 = 10_000;
+
+/// What a holder's report needs from its operation's row besides the row's status: the action
+/// type and the recorded action policy. Neither changes after registration (no statement
+/// updates `action_type` or `action_policy`), so they can be kept from the Begin that granted
+/// the lease.
+#[derive(Debug)]
+struct LeaseRule {
+    /// The lease it belongs to; a token must match it in full.
+    token: LeaseToken,
+    /// The operation's action type.
+    action_type: ActionType,
+    /// The recorded policy when it is not the file's entry for `action_type`; `None` means
+    /// that entry (the same rule as for a row without a readable recorded policy).
+    recorded: Option<ActionPolicy>,
+    /// Time left on the lease when it was granted or last renewed.
+    lives_for: Duration,
+}
+
+/// The rules of the leases this journal granted, by lease id, so that Complete and
+/// ReportUnknown need not read the row before their report. Bounded: at most the configured
+/// number of entries, each removed at its holder's report or at the end of its lease
+/// (renewals move the end), whichever comes first. A missing entry (granted by another
+/// replica or before a restart, evicted, or past its lease) only means the row is read, as
+/// it always was.
+#[derive(Clone)]
+struct LeaseRules {
+    entries: moka::sync::Cache<Uuid, Arc<LeaseRule>>,
+}
+
+/// Expires an entry when its lease ends.
+struct AtLeaseEnd;
+
+impl moka::Expiry<Uuid, Arc<LeaseRule>> for AtLeaseEnd {
+    fn expire_after_create(
+        &self,
+        _lease_id: &Uuid,
+        rule: &Arc<LeaseRule>,
+        _created_at: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(rule.lives_for)
+    }
+
+    fn expire_after_update(
+        &self,
+        _lease_id: &Uuid,
+        rule: &Arc<LeaseRule>,
+        _updated_at: std::time::Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(rule.lives_for)
+    }
+}
+
+impl LeaseRules {
+    fn new(max_entries: u64) -> Self {
+        Self {
+            entries: moka::sync::Cache::builder()
+                .max_capacity(max_entries)
+                .expire_after(AtLeaseEnd)
+                .build(),
+        }
+    }
+
+    /// Keeps the rules of the lease `token` just granted on `record`; `file` is the policy
+    /// file's entry for its action type.
+    fn remember(&self, token: &LeaseToken, record: &OperationRecord, file: Option<&ActionPolicy>) {
+        let Some(lives_for) = lease_left(record) else {
+            return;
+        };
+        let recorded = record
+            .action_policy
+            .as_ref()
+            .filter(|recorded| Some(*recorded) != file)
+            .cloned();
+        self.entries.insert(
+            token.lease_id,
+            Arc::new(LeaseRule {
+                token: token.clone(),
+                action_type: record.action_type.clone(),
+                recorded,
+                lives_for,
+            }),
+        );
+    }
+
+    /// The rules kept for `token`'s lease, if any.
+    fn recall(&self, token: &LeaseToken) -> Option<Arc<LeaseRule>> {
+        self.entries
+            .get(&token.lease_id)
+            .filter(|rule| rule.token == *token)
+    }
+
+    /// Moves the end of a kept lease to the renewed `record`'s.
+    fn extend(&self, token: &LeaseToken, record: &OperationRecord) {
+        let (Some(rule), Some(lives_for)) = (self.recall(token), lease_left(record)) else {
+            return;
+        };
+        self.entries.insert(
+            token.lease_id,
+            Arc::new(LeaseRule {
+                token: rule.token.clone(),
+                action_type: rule.action_type.clone(),
+                recorded: rule.recorded.clone(),
+                lives_for,
+            }),
+        );
+    }
+
+    /// Drops what was kept for `token`'s lease.
+    fn forget(&self, token: &LeaseToken) {
+        self.entries.invalidate(&token.lease_id);
+    }
+}
+
+/// Time left on `record`'s lease by the database clock; `None` when it has none left.
+fn lease_left(record: &OperationRecord) -> Option<Duration> {
+    let left = (record.lease_until? - record.observed_at).to_std().ok()?;
+    (!left.is_zero()).then_some(left)
+}
+
+/// Where a report takes its rules from.
+enum ReportRules {
+    /// Kept from the Begin that granted the lease; the row was not read.
+    Kept(Arc<LeaseRule>),
+    /// The row, read before the report.
+    Read(Box<OperationRecord>),
+}
+
+impl ReportRules {
+    /// The row's status when it was read first: the transition's "from".
+    fn status(&self) -> Option<Status> {
+        match self {
+            Self::Kept(_) => None,
+            Self::Read(row) => Some(row.status),
+        }
+    }
+}
+
+fn execute_outcome(record: OperationRecord, lease_id: Uuid) -> BeginOutcome {
     let token = LeaseToken {
         namespace: record.namespace.clone(),
         operation_key: record.operation_key.clone(),

@@ -24,8 +24,10 @@ use opjournal::domain::model::{
 use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
 use opjournal::store::{
-    Database, JournalStore, ListQuery, NewOperation, Registration, Resolution, Settled, Settlement,
+    Database, InstrumentedStore, JournalStore, ListQuery, NewOperation, Registration, Resolution,
+    Settled, Settlement,
 };
+use opjournal::telemetry::Metrics;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -1444,6 +1446,301 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     );
 }
 
+/// Runs `call` inside a span and lists the store methods it called, in order, as
+/// [`InstrumentedStore`] names them in its spans.
+async fn store_calls<T>(call: impl std::future::Future<Output = T>) -> (T, Vec<String>) {
+    use std::sync::Mutex;
+    use tracing::Instrument as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    #[derive(Clone, Default)]
+    struct Calls(Arc<Mutex<Vec<String>>>);
+
+    struct Method<'a>(&'a mut Option<String>);
+
+    impl tracing::field::Visit for Method<'_> {
+        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+            if field.name() == "opjournal.store.method" {
+                *self.0 = Some(value.to_owned());
+            }
+        }
+
+        fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+    }
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Calls {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut method = None;
+            attrs.record(&mut Method(&mut method));
+            if let Some(method) = method {
+                self.0.lock().unwrap().push(method);
+            }
+        }
+    }
+
+    let calls = Calls::default();
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(calls.clone()));
+    let output = call.instrument(tracing::info_span!("request")).await;
+    let calls = calls.0.lock().unwrap().clone();
+    (output, calls)
+}
+
+async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
+    let store: Arc<dyn JournalStore> = Arc::new(InstrumentedStore::new(
+        fx.store.clone(),
+        Metrics::disabled(),
+        "test",
+    ));
+    let policy = Arc::new(Policy::builtin());
+    let journal = Journal::new(store.clone(), policy.clone(), RequestLimits::default());
+    // Another replica: it granted none of the leases, so it reads the row before a report
+    // that needs the operation's rules.
+    let replica = Journal::new(store, policy, RequestLimits::default());
+    let begin = |journal: Journal, key: &'static str| async move {
+        let command = journal
+            .parse_begin(
+                "",
+                key,
+                "create_payment",
+                &format!(r#"{{"key":"{key}","amount_minor":490000}}"#),
+                0,
+                [],
+            )
+            .unwrap();
+        journal.begin(command).await.unwrap()
+    };
+    let lease = |outcome: BeginOutcome| match outcome {
+        BeginOutcome::Execute { token, .. } => token.encode(),
+        other => panic!("expected EXECUTE, got {other:?}"),
+    };
+    let result = r#"{"id":"pay_1","status":"succeeded","password":"hunter2"}"#;
+
+    // A new key, then its retries: one statement each.
+    let (first, calls) = store_calls(begin(journal.clone(), "k1")).await;
+    assert_eq!(calls, ["register"]);
+    let token = lease(first);
+    let (again, calls) = store_calls(begin(journal.clone(), "k1")).await;
+    assert!(
+        matches!(again, BeginOutcome::InProgress { .. }),
+        "{again:?}"
+    );
+    assert_eq!(calls, ["register"]);
+    let (kept, calls) = store_calls(journal.complete(&token, "pay_1", result)).await;
+    assert_eq!(calls, ["settle_with_previous"]);
+    let kept = kept.unwrap();
+    assert_eq!(kept.status, Status::Succeeded);
+    let (replay, calls) = store_calls(begin(journal.clone(), "k1")).await;
+    assert!(matches!(replay, BeginOutcome::Replay(_)), "{replay:?}");
+    assert_eq!(calls, ["register"]);
+    // A retried report: the lease is forgotten; the row answers it as before.
+    let (retried, calls) = store_calls(journal.complete(&token, "pay_1", result)).await;
+    assert_eq!(calls, ["get", "settle", "get"]);
+    assert_eq!(retried.unwrap().result_json, kept.result_json);
+
+    // Failures and unknown outcomes need no read on the replica that granted the lease.
+    let token = lease(begin(journal.clone(), "k2").await);
+    let (failed, calls) = store_calls(journal.fail(&token, "card_declined")).await;
+    assert_eq!(failed.unwrap().status, Status::FailedFinal);
+    assert_eq!(calls, ["settle_with_previous"]);
+    let token = lease(begin(journal.clone(), "k3").await);
+    let (unknown, calls) = store_calls(journal.report_unknown(&token, "timeout")).await;
+    assert_eq!(unknown.unwrap().status, Status::Unknown);
+    assert_eq!(calls, ["settle_with_previous"]);
+
+    // On another replica a result is sanitized by the rules read from the row, the same way.
+    let token = lease(begin(journal.clone(), "k4").await);
+    let (elsewhere, calls) = store_calls(replica.complete(&token, "pay_1", result)).await;
+    assert_eq!(calls, ["get", "settle"]);
+    assert_eq!(elsewhere.unwrap().result_json, kept.result_json);
+    let token = lease(begin(journal.clone(), "k5").await);
+    let (elsewhere, calls) = store_calls(replica.report_unknown(&token, "")).await;
+    assert_eq!(calls, ["get", "settle"]);
+    assert_eq!(elsewhere.unwrap().status, Status::Unknown);
+    // Without a result, no rules are needed anywhere.
+    let token = lease(begin(journal.clone(), "k6").await);
+    let (elsewhere, calls) = store_calls(replica.complete(&token, "pay_6", "")).await;
+    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(elsewhere.unwrap().result_json, None);
+    assert_eq!(fx.history("k6").await.len(), 2);
+
+    // What was kept belongs to the whole token: the same lease id under another key is
+    // read (and not found).
+    let token = lease(begin(journal.clone(), "k7").await);
+    let mut other = LeaseToken::parse(&token).unwrap();
+    other.operation_key = OperationKey::parse("k7-other").unwrap();
+    let (missing, calls) = store_calls(journal.complete(&other.encode(), "pay_7", result)).await;
+    assert_eq!(calls, ["get"]);
+    let missing = tonic::Status::from(missing.unwrap_err());
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+
+    // A renewal keeps the lease's rules until the renewed end.
+    let command = journal
+        .parse_begin("", "k8", "create_payment", r#"{"key":"k8"}"#, 1, [])
+        .unwrap();
+    let token = lease(journal.begin(command).await.unwrap());
+    journal.renew(&token, 30).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (renewed, calls) = store_calls(journal.complete(&token, "pay_8", result)).await;
+    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(renewed.unwrap().result_json, kept.result_json);
+}
+
+async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
+    use tonic_types::StatusExt as _;
+    let policy = Arc::new(Policy::builtin());
+    let journal = Journal::new(fx.store.clone(), policy.clone(), RequestLimits::default());
+    let replica = Journal::new(fx.store.clone(), policy, RequestLimits::default());
+    let begin = |journal: Journal, key: &'static str, lease_seconds: i32| async move {
+        let command = journal
+            .parse_begin(
+                "",
+                key,
+                "create_payment",
+                r#"{"amount_minor":1}"#,
+                lease_seconds,
+                [],
+            )
+            .unwrap();
+        match journal.begin(command).await.unwrap() {
+            BeginOutcome::Execute { token, .. } => token,
+            other => panic!("expected EXECUTE, got {other:?}"),
+        }
+    };
+    let reason = |error: opjournal::domain::error::JournalError| {
+        let status = tonic::Status::from(error);
+        let reason = status.get_details_error_info().map(|info| info.reason);
+        (status.code(), reason.unwrap_or_default())
+    };
+    let result = r#"{"id":"pay_1"}"#;
+    // The worker moved the operation to unknown while its holder was still working (as the
+    // sweep does once the lease ends): the holder's report still lands, from unknown, on the
+    // replica that granted the lease and on another.
+    for (key, reporter) in [("kept", &journal), ("elsewhere", &replica)] {
+        let token = begin(journal.clone(), key, 0).await.encode();
+        fx.execute(
+            &format!(
+                "UPDATE agent_operations SET status = 'unknown', lease_until = NULL, \
+                     unknown_since = now(), next_check_at = now(), \
+                     error_code = 'lease_expired', last_actor_kind = 'worker', \
+                     last_actor = 'w', last_reason = 'lease_expired' \
+                 WHERE operation_key = '{key}'"
+            ),
+            &format!(
+                "UPDATE agent_operations SET status = 'unknown', lease_until = NULL, \
+                     unknown_since = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
+                     next_check_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
+                     error_code = 'lease_expired', last_actor_kind = 'worker', \
+                     last_actor = 'w', last_reason = 'lease_expired' \
+                 WHERE operation_key = '{key}'"
+            ),
+        )
+        .await
+        .unwrap();
+        let done = reporter.complete(&token, "pay_1", result).await.unwrap();
+        assert_eq!(done.status, Status::Succeeded);
+        assert_eq!(done.result_json.as_deref(), Some(result));
+        assert_eq!(
+            fx.history(key).await[1..],
+            [
+                (
+                    Some(Status::InProgress),
+                    Status::Unknown,
+                    1,
+                    false,
+                    worker("w", "lease_expired")
+                ),
+                (
+                    Some(Status::Unknown),
+                    Status::Succeeded,
+                    1,
+                    false,
+                    client("completed")
+                ),
+            ]
+        );
+        // The same report again is answered from the row; another outcome is refused.
+        let again = reporter.complete(&token, "pay_1", result).await.unwrap();
+        assert_eq!(again.updated_at, done.updated_at);
+        for refused in [
+            reporter.fail(&token, "card_declined").await,
+            reporter.report_unknown(&token, "").await,
+            reporter.complete(&token, "pay_2", result).await,
+        ] {
+            assert_eq!(
+                reason(refused.unwrap_err()),
+                (
+                    tonic::Code::FailedPrecondition,
+                    "OUTCOME_ALREADY_RECORDED".into()
+                )
+            );
+        }
+        assert_eq!(fx.history(key).await.len(), 3);
+    }
+    // A lease taken over after it ended is lost to its first holder, kept or not.
+    let first = begin(journal.clone(), "taken", 1).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let taken_by = fx
+        .store
+        .claim(
+            &ns(),
+            &OperationKey::parse("taken").unwrap(),
+            Status::InProgress,
+            1,
+            LEASE,
+            Uuid::new_v4(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let taken_by = token(&taken_by);
+    assert_eq!(taken_by.attempt, 2);
+    for report in [
+        journal.complete(&first.encode(), "pay_1", result).await,
+        journal.fail(&first.encode(), "card_declined").await,
+        replica.report_unknown(&first.encode(), "").await,
+    ] {
+        assert_eq!(
+            reason(report.unwrap_err()),
+            (tonic::Code::Aborted, "LEASE_LOST".into())
+        );
+    }
+    // A token whose operation is missing: not found, whatever the result.
+    let missing = LeaseToken {
+        operation_key: OperationKey::parse("missing").unwrap(),
+        ..taken_by.clone()
+    };
+    let too_deep = format!("{}1{}", "[".repeat(100), "]".repeat(100));
+    for report in [
+        journal.complete(&missing.encode(), "pay_1", result).await,
+        journal.complete(&missing.encode(), "", "").await,
+        journal.fail(&missing.encode(), "card_declined").await,
+        journal.report_unknown(&missing.encode(), "").await,
+    ] {
+        assert_eq!(
+            reason(report.unwrap_err()),
+            (tonic::Code::NotFound, "OPERATION_NOT_FOUND".into())
+        );
+    }
+    assert_eq!(
+        reason(
+            journal
+                .complete(&missing.encode(), "", &too_deep)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        tonic::Code::InvalidArgument,
+        "a malformed result is refused before anything is read"
+    );
+    assert_eq!(fx.get("taken").await.status, Status::InProgress);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Through the journal
 
@@ -1629,6 +1926,8 @@ conformance!(
     a_registration_answers_the_existing_row_and_changes_nothing,
     concurrent_registrations_of_one_key_insert_once,
     a_report_answers_the_status_it_left,
+    the_hot_path_takes_one_store_call_per_request,
+    reports_answer_as_before_whatever_the_lease_state,
 );
 
 /// The backlog gauges' statement is answered from partial indexes on Postgres, so its cost
