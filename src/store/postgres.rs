@@ -410,6 +410,39 @@ fn settlement_set(settlement: &Settlement) -> &'static str {
     }
 }
 
+/// [`JournalStore::register`]: the insert, or else the existing row, by the primary key.
+/// The SELECT reads the statement's snapshot, while the insert's conflict check also sees a
+/// row committed after it (it waits for a concurrent inserter): such a row is answered as
+/// [`Registration::Raced`], and the caller reads it again.
+fn register_sql() -> String {
+    format!(
+        "WITH inserted AS ({INSERT_AND_CLAIM} RETURNING {COLUMNS}, true AS inserted) \
+         SELECT * FROM inserted \
+         UNION ALL \
+         SELECT {COLUMNS}, false AS inserted FROM agent_operations \
+         WHERE namespace = $1 AND operation_key = $2 \
+           AND NOT EXISTS (SELECT 1 FROM inserted)"
+    )
+}
+
+/// [`JournalStore::settle_with_previous`]: a report by the primary key, answering the status
+/// it replaced. The subquery locks the row's latest version before the update is applied, and
+/// answers that version's status: under READ COMMITTED a concurrent change committed after
+/// this statement's snapshot (the sweep, a release) is waited for and followed, the fence is
+/// rechecked on the same latest version (EvalPlanQual), and the status returned is the one
+/// the update replaced. The update takes the same lock mode, so nothing can change the row
+/// between the lock and the update.
+fn settle_with_previous_sql(settlement: &Settlement) -> String {
+    format!(
+        "UPDATE agent_operations SET {set}, {REPORTED} \
+         FROM (SELECT status AS previous_status FROM agent_operations \
+               WHERE namespace = $1 AND operation_key = $2 FOR NO KEY UPDATE) previous \
+         WHERE {REPORT_FENCE} \
+         RETURNING {COLUMNS}, previous.previous_status",
+        set = settlement_set(settlement),
+    )
+}
+
 /// Binds a report's parameters: the token's as `$1`..`$4`, the outcome's from `$5`.
 fn bind_settlement<'q>(
     query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
@@ -450,18 +483,7 @@ impl JournalStore for PgStore {
     }
 
     async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
-        // One statement: the insert, or else the existing row. The SELECT reads the
-        // statement's snapshot, while the insert's conflict check also sees a row committed
-        // after it (it waits for a concurrent inserter): such a row is answered as Raced, and
-        // the caller reads it again.
-        let sql = format!(
-            "WITH inserted AS ({INSERT_AND_CLAIM} RETURNING {COLUMNS}, true AS inserted) \
-             SELECT * FROM inserted \
-             UNION ALL \
-             SELECT {COLUMNS}, false AS inserted FROM agent_operations \
-             WHERE namespace = $1 AND operation_key = $2 \
-               AND NOT EXISTS (SELECT 1 FROM inserted)"
-        );
+        let sql = register_sql();
         let row = bind_new(sqlx::query(trusted(sql)), new)
             .fetch_optional(&self.pool)
             .await
@@ -555,20 +577,7 @@ impl JournalStore for PgStore {
         token: &LeaseToken,
         settlement: &Settlement,
     ) -> Result<Option<Settled>, StoreError> {
-        // The subquery locks the row's latest version before the update is applied, and
-        // answers that version's status: under READ COMMITTED a concurrent change committed
-        // after this statement's snapshot (the sweep, a release) is waited for and followed,
-        // the fence is rechecked on the same latest version (EvalPlanQual), and the status
-        // returned is the one the update replaced. The update takes the same lock mode, so
-        // nothing can change the row between the lock and the update.
-        let sql = format!(
-            "UPDATE agent_operations SET {set}, {REPORTED} \
-             FROM (SELECT status AS previous_status FROM agent_operations \
-                   WHERE namespace = $1 AND operation_key = $2 FOR NO KEY UPDATE) previous \
-             WHERE {REPORT_FENCE} \
-             RETURNING {COLUMNS}, previous.previous_status",
-            set = settlement_set(settlement),
-        );
+        let sql = settle_with_previous_sql(settlement);
         let row = bind_settlement(sqlx::query(trusted(sql)), token, settlement)
             .fetch_optional(&self.pool)
             .await
@@ -832,7 +841,16 @@ pub fn explained_statements() -> Vec<ExplainedStatement> {
         after: page_after.clone(),
         limit: 50,
     };
+    let succeeded = Settlement::Succeeded {
+        external_id: None,
+        result_json: None,
+    };
     vec![
+        statement("register", &register_sql()),
+        statement(
+            "settle_with_previous (succeeded)",
+            &settle_with_previous_sql(&succeeded),
+        ),
         statement("find_same_request", FIND_SAME_REQUEST_SQL),
         statement("sweep_expired_leases", SWEEP_EXPIRED_LEASES_SQL),
         statement("claim_due", &claim_due_sql()),
