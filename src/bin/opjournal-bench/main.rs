@@ -427,6 +427,8 @@ impl Bench {
         let duration = Duration::from_secs_f64(args.duration);
         let channels = load::connect_all(&stand.server_address, args.clients).await?;
         let run: Arc<str> = format!("{}{label}", self.run_id).into();
+        // Each run starts from a checkpoint, as pgbench's runs do.
+        stand.pool.execute("CHECKPOINT").await?;
 
         // A journal's first operations are planned without statistics: Postgres cannot tell
         // the primary key from the other indexes that lead with the namespace, and key
@@ -744,6 +746,9 @@ impl Bench {
             bytes as f64 / f64::from(1u32 << 30)
         );
         let purge_ms = scale::time_purge(&stand.pool, self.args.purge_batch, 3).await?;
+        let purged = scale::purge_all(&stand.pool, 1000).await?;
+        eprintln!("[bench] purged the other {purged} operations past retention");
+        stand.pool.execute("CHECKPOINT").await?;
         let plans = scale::plans(&stand.journal_url).await?;
         let run = self.scenarios(&stand, label).await;
         stand.stop().await;

@@ -12,7 +12,7 @@ use sqlx::{Executor as _, PgPool, Row as _};
 /// Share of each status among preloaded operations, per thousand: the steady state of a
 /// journal whose operations mostly succeed, with small unknown, in-progress and pending
 /// backlogs (the unknown ones not due for a lookup for a day, a fifth of them waiting for
-/// review). Half a percent of the operations (terminal ones) are past retention.
+/// review). The oldest half percent is past retention.
 pub const MIX_PER_MILLE: [(&str, u32); 5] = [
     ("succeeded", 940),
     ("failed_final", 50),
@@ -24,15 +24,22 @@ pub const MIX_PER_MILLE: [(&str, u32); 5] = [
 /// Rows written per statement of the preload.
 const CHUNK: i64 = 500_000;
 
-/// Preloaded operations `$1..$2`: number `g`, when it was created, its status.
-const ROWS_SQL: &str = " \
-FROM (SELECT g, now() - make_interval(secs => (g % 2592000)::float8) AS created, \
+/// Preloaded operations `$1..$2` of `count`: number `g`, when it was created, its status.
+/// Creation times grow with `g` over the last 35 days and a little more, as a journal
+/// appends them, so the oldest half a percent is past its 35 days' retention, and lies
+/// where a real journal keeps its oldest rows: together, at the start of the table.
+fn rows_sql(count: i64) -> String {
+    format!(
+        " FROM (SELECT g, \
+             now() - make_interval(secs => 3024000 * (1.005 - g::float8 / {count})) AS created, \
              CASE WHEN g % 1000 < 940 THEN 'succeeded' \
                   WHEN g % 1000 < 990 THEN 'failed_final' \
                   WHEN g % 1000 < 995 THEN 'unknown' \
                   WHEN g % 1000 < 998 THEN 'in_progress' \
                   ELSE 'pending' END AS s \
-      FROM generate_series($1::bigint, $2::bigint) AS g) AS rows";
+         FROM generate_series($1::bigint, $2::bigint) AS g) AS rows"
+    )
+}
 
 /// The preload statement: rows `$1..$2` of the mix, each with the action policy `$3`
 /// recorded at registration. Keys look like a business's (`payment:order-N:intent-01`).
@@ -64,8 +71,7 @@ SELECT 'default', 'payment:order-' || g || ':intent-01', 'create_payment', \
     s IN ('succeeded', 'failed_final', 'unknown'), \
     $3::jsonb, \
     CASE WHEN s IN ('succeeded', 'failed_final') THEN \
-        CASE WHEN g % 200 = 0 THEN now() - interval '1 hour' \
-             ELSE created + interval '35 days' END END ";
+        created + interval '35 days' END ";
 
 /// The history of preloaded operations `$1..$2`, as the journal's trigger writes it: the
 /// registration, then (unless still in progress) the transition to the current status.
@@ -144,14 +150,15 @@ pub async fn preload(url: &str, count: i64) -> anyhow::Result<Duration> {
         let mine: Vec<(i64, i64)> = ranges.iter().copied().skip(lane).step_by(2).collect();
         lanes.push(tokio::spawn(async move {
             for (from, to) in mine {
-                sqlx::query(sqlx::AssertSqlSafe(format!("{PRELOAD_SQL}{ROWS_SQL}")))
+                let rows = rows_sql(count);
+                sqlx::query(sqlx::AssertSqlSafe(format!("{PRELOAD_SQL}{rows}")))
                     .bind(from)
                     .bind(to)
                     .bind(&policy)
                     .execute(&pool)
                     .await?;
                 let events = format!(
-                    "{EVENTS_SQL}{ROWS_SQL} CROSS JOIN generate_series(1, 2) AS step \
+                    "{EVENTS_SQL}{rows} CROSS JOIN generate_series(1, 2) AS step \
                      WHERE step = 1 OR s <> 'in_progress'"
                 );
                 sqlx::query(sqlx::AssertSqlSafe(events))
@@ -192,9 +199,10 @@ pub async fn preload(url: &str, count: i64) -> anyhow::Result<Duration> {
             result?;
         }
     }
-    eprintln!("[bench] vacuum and analyze");
+    eprintln!("[bench] vacuum, analyze, checkpoint");
     pool.execute("VACUUM (ANALYZE) agent_operations").await?;
     pool.execute("VACUUM (ANALYZE) operation_events").await?;
+    pool.execute("CHECKPOINT").await?;
     pool.close().await;
     Ok(started.elapsed())
 }
@@ -239,6 +247,20 @@ pub async fn time_purge(pool: &PgPool, batch: i64, rounds: usize) -> anyhow::Res
         "the purge found fewer than {batch} due operations"
     );
     Ok(times)
+}
+
+/// Purges every operation past retention, as a worker that keeps up would have; returns how
+/// many.
+pub async fn purge_all(pool: &PgPool, batch: i64) -> anyhow::Result<u64> {
+    let store = PgStore::new(pool.clone());
+    let mut total = 0;
+    loop {
+        let purged = store.purge(batch).await?;
+        total += purged;
+        if purged < u64::try_from(batch).unwrap_or(0) {
+            return Ok(total);
+        }
+    }
 }
 
 /// The number of operations in the journal, and its size on disk (table, indexes and
