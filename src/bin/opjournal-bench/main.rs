@@ -153,6 +153,8 @@ struct JournalRun {
     rss: Value,
     /// Milliseconds of each timed purge statement (`--purge-batch` operations each).
     purge_ms: Vec<f64>,
+    /// Checkpoints Postgres made during the scenarios (each one's writes slow commits).
+    checkpoints: i64,
 }
 
 impl Bench {
@@ -422,6 +424,7 @@ impl Bench {
 
     /// The scenarios, in order, on a running stand.
     async fn scenarios(&self, stand: &Stand, label: &str) -> anyhow::Result<JournalRun> {
+        let checkpoints_at_start = checkpoints(&stand.pool).await;
         let args = &self.args;
         let warmup = Duration::from_secs_f64(args.warmup);
         let duration = Duration::from_secs_f64(args.duration);
@@ -578,6 +581,7 @@ impl Bench {
         eprintln!("[bench] {label}: reconcile backlog of {}", args.backlog);
         let reconcile = self.reconcile(stand, &channels, &run).await?;
         let rss = rss(stand.server.id());
+        let checkpoints = checkpoints(&stand.pool).await - checkpoints_at_start;
         Ok(JournalRun {
             lifecycle,
             replay,
@@ -586,6 +590,7 @@ impl Bench {
             reconcile,
             rss,
             purge_ms: Vec::new(),
+            checkpoints,
         })
     }
 
@@ -748,7 +753,13 @@ impl Bench {
         let purge_ms = scale::time_purge(&stand.pool, self.args.purge_batch, 3).await?;
         let purged = scale::purge_all(&stand.pool, 1000).await?;
         eprintln!("[bench] purged the other {purged} operations past retention");
+        // The load leaves gigabytes for the kernel to write back; measuring while it does
+        // would time the disk, not the journal.
         stand.pool.execute("CHECKPOINT").await?;
+        let synced = tokio::process::Command::new("sync").status().await;
+        if !synced.is_ok_and(|status| status.success()) {
+            eprintln!("[bench] sync failed; figures may include the load's write-back");
+        }
         let plans = scale::plans(&stand.journal_url).await?;
         let run = self.scenarios(&stand, label).await;
         stand.stop().await;
@@ -769,6 +780,14 @@ impl Bench {
             }),
         ))
     }
+}
+
+/// Checkpoints Postgres has made since its statistics were reset (0 if unreadable).
+async fn checkpoints(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")
+        .fetch_one(pool)
+        .await
+        .unwrap_or(0)
 }
 
 /// Key number `n` of a client's turn through the completed keys (spread over all of them).
@@ -1009,6 +1028,10 @@ fn print_results(
             "server peak RSS, MiB",
             fmt_ms(run.rss["peak_rss_mib"].as_f64())
         );
+        println!(
+            "  {:<42} {:>10}",
+            "Postgres checkpoints during the runs", run.checkpoints
+        );
         for (what, result) in [("lifecycle", &run.lifecycle), ("replay", &run.replay)] {
             if let Some(cpu) = &result.cpu {
                 println!(
@@ -1060,5 +1083,6 @@ fn journal_json(run: &JournalRun) -> Value {
         "reconcile": run.reconcile,
         "server_memory": run.rss,
         "purge_batch_ms": run.purge_ms,
+        "checkpoints_during_run": run.checkpoints,
     })
 }
