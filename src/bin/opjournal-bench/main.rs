@@ -55,8 +55,9 @@ struct Args {
     #[arg(long, default_value_t = 2000)]
     backlog: usize,
     /// Then preload a journal with this many operations (realistic mix of statuses) and
-    /// run again on it, with the query plans. 10000000 takes about 15 minutes and 10 GB
-    /// of disk on a 2-core machine.
+    /// run again on it, with the query plans. 10000000 takes about 5 minutes and 16 GB of
+    /// disk on a 2-core machine; `--database-url` must then be a superuser's (the load turns
+    /// triggers off for its own session).
     #[arg(long, default_value_t = 0)]
     preload: i64,
     /// Operations deleted by each timed purge statement (a preloaded journal has half a
