@@ -115,12 +115,9 @@ pub async fn replay(
     namespace: &str,
     key: String,
     payload: String,
-    mut recorder: Recorder,
+    recorder: Recorder,
 ) -> (CallOutcome, Recorder) {
-    let mut client = OperationJournalClient::new(channel);
-    let sent = Instant::now();
-    let answer = begin(&mut client, begin_request(namespace, key, payload)).await;
-    recorder.record("call", sent.elapsed());
+    let (answer, recorder) = timed_begin(channel, namespace, key, payload, recorder).await;
     let outcome = match answer {
         Ok(response) => expect_decision(&response, Decision::Replay),
         Err(error) => Err(format!("Begin: {error}")),
@@ -135,12 +132,9 @@ pub async fn conflict(
     namespace: &str,
     key: String,
     payload: String,
-    mut recorder: Recorder,
+    recorder: Recorder,
 ) -> (CallOutcome, Recorder) {
-    let mut client = OperationJournalClient::new(channel);
-    let sent = Instant::now();
-    let answer = begin(&mut client, begin_request(namespace, key, payload)).await;
-    recorder.record("call", sent.elapsed());
+    let (answer, recorder) = timed_begin(channel, namespace, key, payload, recorder).await;
     let outcome = match answer {
         Err(error) if error.reason == ErrorReason::IdempotencyKeyReused => Ok(()),
         Err(error) => Err(format!("expected IDEMPOTENCY_KEY_REUSED, got {error}")),
@@ -152,6 +146,21 @@ pub async fn conflict(
         )),
     };
     (outcome, recorder)
+}
+
+/// One Begin, its latency recorded as the `call` stage.
+async fn timed_begin(
+    channel: Channel,
+    namespace: &str,
+    key: String,
+    payload: String,
+    mut recorder: Recorder,
+) -> (Result<BeginOperationResponse, ClientError>, Recorder) {
+    let mut client = OperationJournalClient::new(channel);
+    let sent = Instant::now();
+    let answer = begin(&mut client, begin_request(namespace, key, payload)).await;
+    recorder.record("call", sent.elapsed());
+    (answer, recorder)
 }
 
 /// Makes one operation whose outcome is unknown to the journal: Begin, the effect at the

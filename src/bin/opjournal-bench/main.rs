@@ -363,7 +363,10 @@ impl Bench {
         .await?;
         let sandbox_url = format!("http://{sandbox_address}");
         let policy = dir.join("policy.yaml");
-        std::fs::write(&policy, policy_yaml(&sandbox_url))?;
+        std::fs::write(
+            &policy,
+            opjournal::sandbox::payments_policy_yaml(&sandbox_url, "opjournal-bench"),
+        )?;
         let max_connections = self.max_connections().to_string();
         let policy_arg = policy.display().to_string();
         let (server, server_address) = Process::start(
@@ -440,30 +443,14 @@ impl Bench {
         // its first minute. The benchmark measures the steady state: it registers a first
         // batch, then analyzes, as autovacuum would have.
         eprintln!("[bench] {label}: first operations, then ANALYZE");
-        {
-            let run = run.clone();
-            load::closed_loop(
-                "prime",
-                &channels,
-                Duration::ZERO,
-                warmup.max(Duration::from_secs(1)),
-                move |channel, client, n, recorder: Recorder| {
-                    let key = calls::key(&run, "p", client, n);
-                    async move {
-                        calls::lifecycle(
-                            channel,
-                            "",
-                            key,
-                            calls::payload(n, 0),
-                            Instant::now(),
-                            recorder,
-                        )
-                        .await
-                    }
-                },
-            )
-            .await;
-        }
+        load::closed_loop(
+            "prime",
+            &channels,
+            Duration::ZERO,
+            warmup.max(Duration::from_secs(1)),
+            new_key_lifecycles(run.clone(), "p"),
+        )
+        .await;
         stand
             .pool
             .execute("ANALYZE agent_operations, operation_events")
@@ -472,30 +459,14 @@ impl Bench {
         eprintln!("[bench] {label}: lifecycle, {} clients", args.clients);
         let server_pid = stand.server.id();
         let before = cpu::Snapshot::take(server_pid);
-        let mut lifecycle = {
-            let run = run.clone();
-            load::closed_loop(
-                "lifecycle",
-                &channels,
-                warmup,
-                duration,
-                move |channel, client, n, recorder: Recorder| {
-                    let key = calls::key(&run, "l", client, n);
-                    async move {
-                        calls::lifecycle(
-                            channel,
-                            "",
-                            key,
-                            calls::payload(n, 0),
-                            Instant::now(),
-                            recorder,
-                        )
-                        .await
-                    }
-                },
-            )
-            .await
-        };
+        let mut lifecycle = load::closed_loop(
+            "lifecycle",
+            &channels,
+            warmup,
+            duration,
+            new_key_lifecycles(run.clone(), "l"),
+        )
+        .await;
         lifecycle.cpu = Some(before.since(&cpu::Snapshot::take(server_pid), lifecycle.all_calls));
         // Every key the lifecycle run completed, per client, for replays and conflicts.
         let completed_per_client = {
@@ -791,6 +762,34 @@ async fn checkpoints(pool: &PgPool) -> i64 {
         .unwrap_or(0)
 }
 
+/// The unit of a closed-loop lifecycle run: Begin of a new key (tagged `tag` within `run`),
+/// then Complete.
+fn new_key_lifecycles(
+    run: Arc<str>,
+    tag: &'static str,
+) -> impl Fn(
+    tonic::transport::Channel,
+    usize,
+    u64,
+    Recorder,
+) -> futures::future::BoxFuture<'static, (load::CallOutcome, Recorder)>
++ Send
++ Sync
++ Clone
++ 'static {
+    move |channel, client, n, recorder| {
+        let key = calls::key(&run, tag, client, n);
+        Box::pin(calls::lifecycle(
+            channel,
+            "",
+            key,
+            calls::payload(n, 0),
+            Instant::now(),
+            recorder,
+        ))
+    }
+}
+
 /// Key number `n` of a client's turn through the completed keys (spread over all of them).
 fn pick(keys: &[(String, u64)], client: usize, n: u64) -> (String, u64) {
     let index = (client as u64)
@@ -816,32 +815,6 @@ fn rss(pid: Option<u32>) -> Value {
         })
     };
     json!({ "rss_mib": field("VmRSS:"), "peak_rss_mib": field("VmHWM:") })
-}
-
-/// The benchmark's action policy: payments reconciled through the sandbox's search by key.
-fn policy_yaml(sandbox_url: &str) -> String {
-    format!(
-        r#"# Written by opjournal-bench.
-actions:
-  create_payment:
-    lease_seconds: 30
-    retry:
-      on_timeout: reconcile_before_retry
-    reconcile:
-      adapter: sandbox_payments
-      first_check_after_seconds: 0
-      interval_seconds: 1
-      absence_grace_seconds: 60
-adapters:
-  sandbox_payments:
-    kind: http
-    url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
-    timeout_seconds: 5
-    search_complete: true
-    absent_match: {{ pointer: /error, values: [not_found] }}
-    response: {{ status_pointer: /status, succeeded_values: [succeeded], external_id_pointer: /id }}
-"#
-    )
 }
 
 /// One target: the figure, the bound and whether it holds.

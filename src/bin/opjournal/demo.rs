@@ -121,7 +121,11 @@ impl Demo {
         let sandbox_url = format!("http://{sandbox_addr}");
 
         let policy = dir.join("policy.yaml");
-        std::fs::write(&policy, policy_yaml(&sandbox_url)).context("cannot write the policy")?;
+        std::fs::write(
+            &policy,
+            opjournal::sandbox::payments_policy_yaml(&sandbox_url, "`opjournal demo`"),
+        )
+        .context("cannot write the policy")?;
         let policy = policy.display().to_string();
 
         let (server, server_addr) = Process::start(
@@ -384,30 +388,4 @@ fn expect_status(
         );
     }
     Ok(())
-}
-
-/// The demo's action policy: payments are reconciled through the sandbox's search by key.
-fn policy_yaml(sandbox_url: &str) -> String {
-    format!(
-        r#"# Written by `opjournal demo`.
-actions:
-  create_payment:
-    lease_seconds: 30
-    retry:
-      on_timeout: reconcile_before_retry
-    reconcile:
-      adapter: sandbox_payments
-      first_check_after_seconds: 0
-      interval_seconds: 1
-      absence_grace_seconds: 60
-adapters:
-  sandbox_payments:
-    kind: http
-    url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
-    timeout_seconds: 2
-    search_complete: true
-    absent_match: {{ pointer: /error, values: [not_found] }}
-    response: {{ status_pointer: /status, succeeded_values: [succeeded], external_id_pointer: /id }}
-"#
-    )
 }
