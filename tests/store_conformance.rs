@@ -2053,3 +2053,58 @@ async fn a_registration_racing_another_answers_raced_on_postgres(pool: PgPool) {
     assert_eq!((row.attempt_count, row.lease_id), (1, Some(first.lease_id)));
     assert_eq!(fx.history("k").await.len(), 1);
 }
+
+/// A new journal's statements are planned without statistics, when Postgres cannot tell the
+/// primary key from the other indexes that lead with the namespace. Once its tables hold
+/// enough changes, `analyze_new_tables` (run by the reconcile worker) gathers statistics,
+/// key lookups use the primary key, and tables with statistics are left to autovacuum.
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_new_journal_is_analyzed_once_it_holds_operations_on_postgres(pool: PgPool) {
+    // Autovacuum must not analyze first, or this would not show who did.
+    for table in ["agent_operations", "operation_events"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let store = opjournal::store::postgres::PgStore::new(pool.clone());
+    assert_eq!(store.analyze_new_tables(200).await.unwrap(), Some(0));
+
+    for i in 0..300 {
+        let new = new_operation(&format!("analyze-{i}"), HOLD);
+        assert!(store.insert_and_claim(&new).await.unwrap().is_some());
+    }
+    // Backends report their changes to the statistics within seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut analyzed = 0;
+    while let Some(tables) = store.analyze_new_tables(200).await.unwrap() {
+        analyzed += tables;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "analyzed {analyzed} of 2"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(analyzed, 2);
+
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query(
+        "PREPARE lookup(text, text) AS \
+         SELECT * FROM agent_operations WHERE namespace = $1 AND operation_key = $2",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar("EXPLAIN EXECUTE lookup('default', 'analyze-7')")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("agent_operations_pkey"), "{plan}");
+}

@@ -182,7 +182,9 @@ impl Worker {
     /// outage is logged and waited out. Purges every `purge_interval`.
     pub async fn run(&self, shutdown: CancellationToken) {
         let mut last_purge: Option<std::time::Instant> = None;
+        let mut statistics = NewJournalStatistics::default();
         while !shutdown.is_cancelled() {
+            statistics.check(self.reconciler.store().as_ref()).await;
             if last_purge.is_none_or(|at| at.elapsed() >= self.config.purge_interval) {
                 match self.purge(10).await {
                     Ok(0) => {}
@@ -220,6 +222,41 @@ impl Worker {
                 () = shutdown.cancelled() => break,
                 () = tokio::time::sleep(pause) => {}
             }
+        }
+    }
+}
+
+/// Rows of a never-analyzed journal table that must have changed before the worker
+/// analyzes it.
+pub const NEW_TABLE_ANALYZE_CHANGES: i64 = 200;
+
+/// How often the worker looks for journal tables without planner statistics.
+const NEW_TABLE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Analyzes a new journal's tables as soon as they hold [`NEW_TABLE_ANALYZE_CHANGES`]
+/// changes, so that its statements stop being planned without statistics well before
+/// autovacuum's first round; stops looking once every table has statistics.
+#[derive(Default)]
+struct NewJournalStatistics {
+    last_check: Option<std::time::Instant>,
+    settled: bool,
+}
+
+impl NewJournalStatistics {
+    async fn check(&mut self, store: &dyn crate::store::JournalStore) {
+        if self.settled
+            || self
+                .last_check
+                .is_some_and(|at| at.elapsed() < NEW_TABLE_CHECK_INTERVAL)
+        {
+            return;
+        }
+        self.last_check = Some(std::time::Instant::now());
+        match store.analyze_new_tables(NEW_TABLE_ANALYZE_CHANGES).await {
+            Ok(None) => self.settled = true,
+            Ok(Some(0)) => {}
+            Ok(Some(tables)) => tracing::info!(tables, "analyzed new journal tables"),
+            Err(error) => tracing::warn!(error = %error, "cannot analyze new journal tables"),
         }
     }
 }

@@ -312,4 +312,14 @@ impl JournalStore for InstrumentedStore {
         )
         .await
     }
+
+    async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError> {
+        self.call(
+            "analyze_new_tables",
+            "ANALYZE",
+            OPERATIONS,
+            self.inner.analyze_new_tables(min_changes),
+        )
+        .await
+    }
 }

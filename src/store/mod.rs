@@ -516,4 +516,17 @@ pub trait JournalStore: Send + Sync + 'static {
     /// operation's age, in one read that indexes answer (never a scan of terminal rows).
     /// Meant to be sampled every few seconds, not per request.
     async fn backlog_stats(&self) -> Result<BacklogStats, StoreError>;
+
+    /// Gathers planner statistics for the journal's tables that have never had any, once at
+    /// least `min_changes` rows of them have changed. Returns how many tables it analyzed, or
+    /// `None` when every table already has statistics (there will be nothing more to do).
+    ///
+    /// A new journal's statements are otherwise planned without statistics, and on Postgres
+    /// key lookups may then walk a whole namespace through another index until autovacuum's
+    /// first analyze (docs/performance.md). Tables analyzed once are left to autovacuum.
+    /// Backends whose planner needs no help keep the default: `None`.
+    async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError> {
+        let _ = min_changes;
+        Ok(None)
+    }
 }

@@ -813,6 +813,39 @@ impl JournalStore for PgStore {
         let oldest: Option<f64> = row.try_get("oldest_unknown_seconds").map_err(get_err)?;
         Ok(BacklogStats::from_columns(unknown, oldest, review_queue))
     }
+
+    async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError> {
+        let unanalyzed: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT relname::text, n_mod_since_analyze FROM pg_stat_user_tables \
+             WHERE schemaname = current_schema() \
+               AND relname IN ('agent_operations', 'operation_events') \
+               AND last_analyze IS NULL AND last_autoanalyze IS NULL",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(classify)?;
+        if unanalyzed.is_empty() {
+            return Ok(None);
+        }
+        let mut analyzed = 0;
+        for (table, changes) in unanalyzed {
+            // Only these two names can come back; each statement is a constant.
+            let statement = match table.as_str() {
+                "agent_operations" => "ANALYZE agent_operations",
+                "operation_events" => "ANALYZE operation_events",
+                _ => continue,
+            };
+            if changes < min_changes {
+                continue;
+            }
+            sqlx::query(statement)
+                .execute(&self.pool)
+                .await
+                .map_err(classify)?;
+            analyzed += 1;
+        }
+        Ok(Some(analyzed))
+    }
 }
 
 /// A statement of this backend, named by the store method that runs it, for the query
