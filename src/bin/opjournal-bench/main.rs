@@ -108,12 +108,35 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         .tempdir()
         .context("cannot create a working directory")?;
     let mut bench = Bench::new(args, run_id, workdir.path().to_owned());
-    let result = bench.run().await;
+    // Interrupted, the run is dropped: its child processes are killed with it, and its
+    // databases are dropped below as after any run.
+    let result = tokio::select! {
+        result = bench.run() => result,
+        signal = interrupted() => {
+            eprintln!("[bench] {signal}: stopping and cleaning up");
+            Ok(std::process::ExitCode::from(130))
+        }
+    };
     bench.drop_databases().await;
     if bench.args.keep {
         eprintln!("[bench] logs kept in {}", workdir.keep().display());
     }
     result
+}
+
+/// Resolves on SIGINT or SIGTERM, naming it.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    }
 }
 
 /// The state of one benchmark run.
