@@ -53,6 +53,7 @@ pub async fn run(
     url: &str,
     clients: usize,
     threads: usize,
+    warmup: Duration,
     duration: Duration,
 ) -> anyhow::Result<Vec<Reference>> {
     let schema = std::fs::read_to_string(dir.join("schema.sql"))
@@ -70,15 +71,28 @@ pub async fn run(
             .context("cannot empty the reference table")?;
         connection.execute("CHECKPOINT").await.ok();
         let path = dir.join(script);
+        let pgbench_for = |seconds: Duration| {
+            let mut command = tokio::process::Command::new(pgbench);
+            command
+                .args(["-n", "-M", "prepared"])
+                .args(["-c", &clients.to_string()])
+                .args(["-j", &threads.min(clients).to_string()])
+                // pgbench counts whole seconds.
+                .args(["-T", &(seconds.as_secs_f64().round().max(1.0)).to_string()])
+                .arg("-f")
+                .arg(&path)
+                .arg(url);
+            command
+        };
+        // Warm-up, not counted, as the journal's runs have.
+        if !warmup.is_zero() {
+            pgbench_for(warmup)
+                .output()
+                .await
+                .with_context(|| format!("cannot run {pgbench} (install PostgreSQL's pgbench)"))?;
+        }
         let before = crate::cpu::Snapshot::take(None);
-        let output = tokio::process::Command::new(pgbench)
-            .args(["-n", "-M", "prepared"])
-            .args(["-c", &clients.to_string()])
-            .args(["-j", &threads.min(clients).to_string()])
-            .args(["-T", &duration.as_secs().max(1).to_string()])
-            .arg("-f")
-            .arg(&path)
-            .arg(url)
+        let output = pgbench_for(duration)
             .output()
             .await
             .with_context(|| format!("cannot run {pgbench} (install PostgreSQL's pgbench)"))?;
@@ -91,6 +105,11 @@ pub async fn run(
             );
         }
         let mut figure = parse(script, &stdout)?;
+        anyhow::ensure!(
+            figure.failed == 0,
+            "pgbench {script}: {} transactions failed:\n{stdout}",
+            figure.failed
+        );
         let runs = number_after(&stdout, "number of transactions actually processed: ")
             .map_or(1, |n| n as u64);
         figure.cpu = Some(before.since(&crate::cpu::Snapshot::take(None), runs));
