@@ -28,6 +28,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::metrics::Metrics;
 use super::propagation;
+use crate::ops::error::code_name;
 
 /// The layer; add it with `tonic::transport::Server::builder().layer(..)`.
 #[derive(Clone, Debug)]
@@ -99,29 +100,6 @@ pub fn rpc_method(path: &str) -> &'static str {
     KNOWN_METHODS.get(method).map_or("_OTHER", String::as_str)
 }
 
-/// The semantic-convention name of a gRPC status code (`OK`, `INVALID_ARGUMENT`, ...).
-pub fn status_code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
 /// Whether a server span ends in error for `code` (the gRPC semantic conventions: only codes
 /// that say the server failed; a refused request is the caller's error).
 fn is_server_error(code: Code) -> bool {
@@ -155,7 +133,7 @@ impl Call {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
-        let name = status_code_name(code);
+        let name = code_name(code);
         self.metrics
             .rpc_call(self.method, name, self.started.elapsed());
         self.span.record("rpc.response.status_code", name);
@@ -318,12 +296,9 @@ mod tests {
 
     #[test]
     fn status_codes_are_named_as_the_conventions_say() {
-        assert_eq!(status_code_name(Code::Ok), "OK");
-        assert_eq!(status_code_name(Code::Unavailable), "UNAVAILABLE");
-        assert_eq!(
-            status_code_name(Code::FailedPrecondition),
-            "FAILED_PRECONDITION"
-        );
+        assert_eq!(code_name(Code::Ok), "OK");
+        assert_eq!(code_name(Code::Unavailable), "UNAVAILABLE");
+        assert_eq!(code_name(Code::FailedPrecondition), "FAILED_PRECONDITION");
         assert!(is_server_error(Code::Unavailable));
         assert!(!is_server_error(Code::InvalidArgument));
     }
