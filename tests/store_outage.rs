@@ -43,16 +43,7 @@ async fn journal(app: &TestApp) -> BTreeMap<String, String> {
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn readiness_and_calls_follow_the_database_and_recover_without_a_restart(pool: PgPool) {
     let proxy = PgProxy::start().await;
-    let direct = {
-        let o = pool.connect_options();
-        format!(
-            "postgres://{}@{}:{}/{}",
-            o.get_username(),
-            o.get_host(),
-            o.get_port(),
-            o.get_database().unwrap()
-        )
-    };
+    let direct = TestDb::Postgres(pool.clone()).url();
     let store = PgStore::connect_lazy(&proxy.url_for(&direct), 5).unwrap();
     let app = TestApp::spawn_with_options(
         pool,

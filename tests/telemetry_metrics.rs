@@ -47,16 +47,7 @@ async fn expire_lease(app: &TestApp, key: &str) {
 async fn the_scrape_endpoint_exposes_every_metric_with_its_unit_and_labels(pool: PgPool) {
     let telemetry = Telemetry::new(&TelemetryOptions::local("opjournal-test")).unwrap();
     let proxy = PgProxy::start().await;
-    let database_url = {
-        let o = pool.connect_options();
-        format!(
-            "postgres://{}@{}:{}/{}",
-            o.get_username(),
-            o.get_host(),
-            o.get_port(),
-            o.get_database().unwrap()
-        )
-    };
+    let database_url = TestDb::Postgres(pool.clone()).url();
     let store = PgStore::connect_lazy(&proxy.url_for(&database_url), 5).unwrap();
     let options = SpawnOptions {
         metrics: telemetry.metrics().clone(),
