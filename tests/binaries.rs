@@ -13,9 +13,7 @@ use opjournal::proto::OperationStatus;
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 
 /// Starts `binary` with `args` and returns it with the address it printed after `marker`.
 async fn start(binary: &str, args: &[String], marker: &str) -> (Child, String) {
@@ -60,26 +58,11 @@ async fn start_logging(
     (child, address)
 }
 
-async fn health(address: &str, service: &str) -> i32 {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = HealthClient::new(channel);
-    client
-        .check(HealthCheckRequest {
-            service: service.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-}
-
 async fn wait_serving(address: &str, service: &str) {
     let started = Instant::now();
-    while health(address, service).await != ServingStatus::Serving as i32 {
+    while common::observe::health_status(address.parse().unwrap(), service).await
+        != ServingStatus::Serving as i32
+    {
         assert!(
             started.elapsed() < Duration::from_secs(15),
             "{service} never SERVING"
@@ -126,7 +109,7 @@ async fn the_reconcile_worker_serves_health_settles_work_and_stops_on_sigterm(po
     )
     .await;
     assert_eq!(
-        health(&address, "liveness").await,
+        common::observe::health_status(address.parse().unwrap(), "liveness").await,
         ServingStatus::Serving as i32
     );
     wait_serving(&address, "readiness").await;
