@@ -7,7 +7,6 @@ bare ``grpc.RpcError``.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 import grpc
@@ -15,27 +14,30 @@ import grpc
 from opjournal.v1 import journal_pb2 as pb
 from opjournal.v1 import journal_pb2_grpc as pb_grpc
 
+from . import _core
+from ._core import DEFAULT_REPORT_RETRY_SECONDS, DEFAULT_TIMEOUT_SECONDS, to_json_text
 from .errors import decode_error
 
 if TYPE_CHECKING:
-    from .execute import Outcome, ProviderCall, ProviderResult
+    from .outcomes import Classifier, Outcome, ProviderCall, ProviderResult
 
-#: Seconds each call may take before it fails with ``DEADLINE_EXCEEDED``.
-DEFAULT_TIMEOUT_SECONDS = 10.0
+__all__ = ["DEFAULT_REPORT_RETRY_SECONDS", "DEFAULT_TIMEOUT_SECONDS", "JournalClient", "to_json_text"]
 
 _Response = TypeVar("_Response")
 
+#: Channel options every client channel gets unless the caller passes them: reconnect
+#: within a few seconds of a journal coming back (gRPC's default backoff grows to 120 s).
+DEFAULT_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
 
-def to_json_text(value: Any) -> str:
-    """``value`` as JSON text: a ``str`` is taken as JSON text already; anything else is
-    serialized with :func:`json.dumps` (NaN and infinities refused, as I-JSON requires).
 
-    Raises:
-        TypeError / ValueError: when the value cannot be serialized.
-    """
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+def channel_options(options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``options`` with :data:`DEFAULT_CHANNEL_OPTIONS` for the names it does not set."""
+    given = {name for name, _ in options}
+    return list(options) + [o for o in DEFAULT_CHANNEL_OPTIONS if o[0] not in given]
 
 
 class JournalClient:
@@ -49,7 +51,10 @@ class JournalClient:
         channel: a gRPC channel to the server.
         token: a bearer token, sent as ``authorization: Bearer <token>`` on every call;
             ``None`` for a server without tokens.
-        timeout: seconds each call may take (the gRPC deadline).
+        timeout: seconds each call may take (the gRPC deadline); every call has one.
+        report_retry_seconds: how long ``execute`` repeats a report (Complete, Fail,
+            ReportUnknown) whose answer was lost (``UNAVAILABLE``, ``CANCELLED``,
+            ``DEADLINE_EXCEEDED``), with the same token and outcome, with backoff.
     """
 
     def __init__(
@@ -58,12 +63,15 @@ class JournalClient:
         *,
         token: Optional[str] = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        report_retry_seconds: float = DEFAULT_REPORT_RETRY_SECONDS,
     ) -> None:
         self._channel = channel
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
         self._timeout = timeout
+        #: Seconds ``execute`` repeats a report whose answer was lost.
+        self.report_retry_seconds = report_retry_seconds
         #: The generated OperationJournal stub, for calls this class does not wrap.
         self.journal = pb_grpc.OperationJournalStub(channel)
         #: The generated Reconciler stub, for calls this class does not wrap.
@@ -80,13 +88,15 @@ class JournalClient:
         private_key: Optional[bytes] = None,
         certificate_chain: Optional[bytes] = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        report_retry_seconds: float = DEFAULT_REPORT_RETRY_SECONDS,
         options: Sequence[tuple[str, Any]] = (),
     ) -> "JournalClient":
         """Opens a channel to ``target`` (``host:port``).
 
         Plaintext unless ``tls`` is true or any PEM is given: ``root_certificates`` trusts
         a private CA (the system roots otherwise), ``private_key`` with
-        ``certificate_chain`` is the client certificate for mutual TLS.
+        ``certificate_chain`` is the client certificate for mutual TLS. ``options`` are gRPC
+        channel options; :data:`DEFAULT_CHANNEL_OPTIONS` fill in the reconnect backoff.
         """
         if tls or root_certificates or private_key or certificate_chain:
             credentials = grpc.ssl_channel_credentials(
@@ -94,10 +104,10 @@ class JournalClient:
                 private_key=private_key,
                 certificate_chain=certificate_chain,
             )
-            channel = grpc.secure_channel(target, credentials, options=list(options))
+            channel = grpc.secure_channel(target, credentials, options=channel_options(options))
         else:
-            channel = grpc.insecure_channel(target, options=list(options))
-        return cls(channel, token=token, timeout=timeout)
+            channel = grpc.insecure_channel(target, options=channel_options(options))
+        return cls(channel, token=token, timeout=timeout, report_retry_seconds=report_retry_seconds)
 
     def close(self) -> None:
         """Closes the channel."""
@@ -114,6 +124,10 @@ class JournalClient:
             return method(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise decode_error(error) from error
+
+    def _invoke(self, method: str, request: Any) -> Any:
+        """Calls the ``OperationJournal`` method named ``method`` (``execute``'s steps)."""
+        return self._call(getattr(self.journal, method), request)
 
     # OperationJournal
 
@@ -140,13 +154,13 @@ class JournalClient:
             IdempotencyKeyReusedError: the key is bound to another payload or action type.
             InvalidArgumentError: a malformed key, payload or field.
         """
-        request = pb.BeginOperationRequest(
+        request = _core.begin_request(
+            operation_key,
+            action_type,
+            payload,
             namespace=namespace,
-            operation_key=operation_key,
-            action_type=action_type,
-            payload_json=to_json_text(payload),
             lease_seconds=lease_seconds,
-            references=dict(references or {}),
+            references=references,
             confirm_duplicate_intent=confirm_duplicate_intent,
         )
         return self._call(self.journal.BeginOperation, request)
@@ -164,11 +178,7 @@ class JournalClient:
             OutcomeAlreadyRecordedError: this token already recorded another outcome.
             InvalidArgumentError: e.g. ``RESULT_TOO_LARGE``, ``INVALID_EXTERNAL_ID``.
         """
-        request = pb.CompleteOperationRequest(
-            lease_token=lease_token,
-            external_id=external_id,
-            result_json="" if result is None else to_json_text(result),
-        )
+        request = _core.complete_request(lease_token, external_id=external_id, result=result)
         return self._call(self.journal.CompleteOperation, request).operation
 
     def fail(self, lease_token: str, error_code: str) -> pb.Operation:
@@ -178,7 +188,7 @@ class JournalClient:
         Raises:
             LeaseLostError, OutcomeAlreadyRecordedError, InvalidArgumentError.
         """
-        request = pb.FailOperationRequest(lease_token=lease_token, error_code=error_code)
+        request = _core.fail_request(lease_token, error_code)
         return self._call(self.journal.FailOperation, request).operation
 
     def report_unknown(self, lease_token: str, error_code: str = "") -> pb.Operation:
@@ -188,7 +198,7 @@ class JournalClient:
         Raises:
             LeaseLostError, OutcomeAlreadyRecordedError, InvalidArgumentError.
         """
-        request = pb.ReportUnknownOutcomeRequest(lease_token=lease_token, error_code=error_code)
+        request = _core.report_unknown_request(lease_token, error_code)
         return self._call(self.journal.ReportUnknownOutcome, request).operation
 
     def renew_lease(self, lease_token: str, lease_seconds: int) -> pb.Operation:
@@ -197,7 +207,7 @@ class JournalClient:
         Raises:
             LeaseLostError: the lease has ended or was taken over.
         """
-        request = pb.RenewLeaseRequest(lease_token=lease_token, lease_seconds=lease_seconds)
+        request = _core.renew_request(lease_token, lease_seconds)
         return self._call(self.journal.RenewLease, request).operation
 
     def get(self, operation_key: str, *, namespace: str = "") -> pb.Operation:
@@ -206,7 +216,7 @@ class JournalClient:
         Raises:
             OperationNotFoundError: no such key in the namespace.
         """
-        request = pb.GetOperationRequest(namespace=namespace, operation_key=operation_key)
+        request = _core.get_request(operation_key, namespace)
         return self._call(self.journal.GetOperation, request).operation
 
     def derive_key(self, action_type: str, intent_reference: str, *, namespace: str = "") -> str:
@@ -216,9 +226,7 @@ class JournalClient:
         Raises:
             KeyDerivationDisabledError: the server has no key derivation secret.
         """
-        request = pb.DeriveOperationKeyRequest(
-            namespace=namespace, action_type=action_type, intent_reference=intent_reference
-        )
+        request = _core.derive_request(action_type, intent_reference, namespace)
         return self._call(self.journal.DeriveOperationKey, request).operation_key
 
     # Reconciler
@@ -233,7 +241,7 @@ class JournalClient:
             OperationNotFoundError, OperationNotReconcilableError, ReconcileInProgressError,
             NoProviderAdapterError.
         """
-        request = pb.ReconcileOperationRequest(namespace=namespace, operation_key=operation_key)
+        request = _core.reconcile_request(operation_key, namespace)
         return self._call(self.reconciler.ReconcileOperation, request)
 
     def execute(
@@ -242,11 +250,36 @@ class JournalClient:
         action_type: str,
         payload: Any,
         call: Callable[[ProviderCall], ProviderResult],
-        **options: Any,
+        *,
+        namespace: str = "",
+        lease_seconds: int = 0,
+        references: Optional[Mapping[str, str]] = None,
+        confirm_duplicate_intent: bool = False,
+        renew_lease: bool = True,
+        classify: Optional[Classifier] = None,
+        in_progress_wait: float = 0.0,
+        settle_wait: float = 0.0,
+        is_confirmed_rejection: Optional[Callable[[BaseException], Optional[str]]] = None,
+        unknown_error_code: Optional[Callable[[BaseException], str]] = None,
     ) -> Outcome:
         """:func:`opjournal_client.execute.execute` with this client: runs ``call`` at most
-        once per intent. ``options`` are that function's keyword arguments (``namespace``,
-        ``lease_seconds``, ``references``, ``renew_lease``, ...)."""
+        once per intent. The keyword arguments are that function's (see there)."""
         from .execute import execute
 
-        return execute(self, operation_key, action_type, payload, call, **options)
+        return execute(
+            self,
+            operation_key,
+            action_type,
+            payload,
+            call,
+            namespace=namespace,
+            lease_seconds=lease_seconds,
+            references=references,
+            confirm_duplicate_intent=confirm_duplicate_intent,
+            renew_lease=renew_lease,
+            classify=classify,
+            in_progress_wait=in_progress_wait,
+            settle_wait=settle_wait,
+            is_confirmed_rejection=is_confirmed_rejection,
+            unknown_error_code=unknown_error_code,
+        )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import grpc
 from google.rpc import error_details_pb2
@@ -167,20 +167,26 @@ _BY_CODE: dict[grpc.StatusCode, type[OpjournalError]] = {
 
 
 def decode_error(error: grpc.RpcError) -> OpjournalError:
-    """Decodes a failed call into the :class:`OpjournalError` subclass for its reason.
+    """Decodes a failed call (sync or asyncio) into the :class:`OpjournalError` subclass for its reason.
 
     The class is chosen by ``ErrorInfo.reason`` (``opjournal.dev`` domain) first, then by
     the status code, falling back to :class:`OpjournalError`. ``BadRequest`` and
     ``RetryInfo`` details are decoded into :attr:`~OpjournalError.field_violations` and
     :attr:`~OpjournalError.retry_delay`.
     """
-    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
-    message = (error.details() if isinstance(error, grpc.Call) else None) or ""
+    # A sync call's error is a grpc.Call; an asyncio call's (grpc.aio.AioRpcError) has the
+    # same code(), details() and trailing_metadata() without being one.
+    call: Any = error if callable(getattr(error, "code", None)) else None
+    code = call.code() if call is not None else grpc.StatusCode.UNKNOWN
+    message = (call.details() if call is not None else None) or ""
     reason = domain = ""
     metadata: dict[str, str] = {}
     violations: list[FieldViolation] = []
     retry_delay: Optional[float] = None
-    status = rpc_status.from_call(error) if isinstance(error, grpc.Call) else None
+    try:
+        status = rpc_status.from_call(call) if call is not None else None
+    except ValueError:  # a status proto that disagrees with the call's code: ignore it
+        status = None
     for detail in status.details if status is not None else ():
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()

@@ -2,7 +2,8 @@
 
 The source article's ``executeOperation``. Begin registers the intent; only
 ``DECISION_EXECUTE`` lets the provider be called, with ``operation.provider_key`` as its
-idempotency key, while a background thread renews the lease. The outcome is then classified
+idempotency key, while a background thread renews the lease. (The asyncio twin is
+:func:`opjournal_client.aio.execute`; both run the steps of :mod:`opjournal_client._core`.) The outcome is then classified
 the only safe way:
 
 * the function returned a :class:`ProviderResult` -> CompleteOperation -> :class:`Succeeded`;
@@ -22,180 +23,55 @@ unreachable journal) raise the :mod:`opjournal_client.errors` classes.
 
 from __future__ import annotations
 
-import json
-import logging
-import math
-import re
 import threading
-import urllib.error
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
-from opjournal.v1 import journal_pb2 as pb
-
-from .errors import InvalidArgumentError, LeaseLostError, OpjournalError
+from . import _core
+from .errors import LeaseLostError, OpjournalError
+from .outcomes import (
+    ERROR_CODE_PATTERN,
+    Classifier,
+    DuplicateIntentSuspected,
+    FailedFinal,
+    InProgress,
+    Outcome,
+    ProviderCall,
+    ProviderOutcomeUnknown,
+    ProviderRejected,
+    ProviderResult,
+    Rejection,
+    Succeeded,
+    UnexpectedDecisionError,
+    UnknownOutcome,
+    VerificationRequired,
+    confirmed_rejection_code,
+    default_classify,
+    unknown_outcome_code,
+)
 
 if TYPE_CHECKING:
     from .client import JournalClient
 
-LOG = logging.getLogger("opjournal_client")
+LOG = _core.LOG
 
-#: The journal's rule for error codes: 1-100 characters of ``[A-Za-z0-9._:-]``.
-ERROR_CODE_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,100}")
-
-
-def _checked_code(error_code: str) -> str:
-    if not ERROR_CODE_PATTERN.fullmatch(error_code):
-        raise ValueError("error codes are 1-100 characters of [A-Za-z0-9._:-]")
-    return error_code
-
-
-class ProviderRejected(Exception):
-    """Raise from the provider function when the provider *proved* that no effect happened
-    and none will (a declined card, a validation error before anything was stored).
-
-    Only definitive answers qualify: a timeout, a reset connection, a 5xx or a proxy's odd
-    answer are not rejections. ``error_code`` is a short machine code such as
-    ``"card_declined"`` (1-100 characters of ``[A-Za-z0-9._:-]``, else ``ValueError``).
-    """
-
-    def __init__(self, error_code: str) -> None:
-        super().__init__(error_code)
-        self.error_code = _checked_code(error_code)
-
-
-class ProviderOutcomeUnknown(Exception):
-    """Raise from the provider function to report an uncertain outcome with your own code
-    (e.g. ``"http_502"``); any other exception is reported as unknown too."""
-
-    def __init__(self, error_code: str) -> None:
-        super().__init__(error_code)
-        self.error_code = _checked_code(error_code)
-
-
-@dataclass(frozen=True)
-class ProviderCall:
-    """What the provider function gets.
-
-    Attributes:
-        provider_key: the idempotency key to send to the provider (``Operation.provider_key``:
-            the key itself in the ``default`` namespace, ``namespace/key`` elsewhere).
-        operation: the journal record as Begin left it (IN_PROGRESS).
-        lease_lost: set when a lease renewal was refused with ``LEASE_LOST``: another holder
-            may now call the provider, so a long call should stop as soon as it safely can.
-    """
-
-    provider_key: str
-    operation: pb.Operation
-    lease_lost: threading.Event
-
-
-@dataclass(frozen=True)
-class ProviderResult:
-    """What the provider function returns on a confirmed success.
-
-    Attributes:
-        external_id: the provider's id of the effect (payment id, message id); up to 200
-            characters; may be empty.
-        result: the provider's answer to keep and replay: JSON text or a JSON-serializable
-            value, ``None`` for no result body. The journal keeps only what the action's
-            policy allows (``result.keep``) and never card numbers, tokens or secrets.
-    """
-
-    external_id: str = ""
-    result: Any = None
-
-
-@dataclass(frozen=True)
-class Succeeded:
-    """The effect happened. ``result`` is the stored (sanitized) result parsed from JSON, the
-    same on every replay; ``provider_result`` is what the function returned this time
-    (``None`` on a replay). ``replayed`` is true when the provider was not called now."""
-
-    operation: pb.Operation
-    external_id: Optional[str]
-    result: Any
-    replayed: bool
-    provider_result: Any = None
-
-
-@dataclass(frozen=True)
-class FailedFinal:
-    """The provider proved no effect happened; the operation is terminal. ``cause`` is the
-    :class:`ProviderRejected` (or classified exception) of this call, ``None`` on a replay."""
-
-    operation: pb.Operation
-    error_code: Optional[str]
-    replayed: bool
-    cause: Optional[BaseException] = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class VerificationRequired:
-    """The outcome is unknown: the provider must not be called until the operation is
-    reconciled (by the reconcile worker, ``JournalClient.reconcile`` or a reviewer). Calling
-    ``execute`` again with the same key is always safe.
-
-    ``reported`` is true when this call reported the unknown outcome itself (``error_code``
-    and ``cause`` say why); false when Begin already found the operation unknown."""
-
-    operation: pb.Operation
-    reported: bool
-    error_code: Optional[str] = None
-    cause: Optional[BaseException] = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class InProgress:
-    """Another holder's lease is live; the provider was not called. Try again after
-    ``retry_after`` seconds."""
-
-    operation: pb.Operation
-    retry_after: float
-
-
-@dataclass(frozen=True)
-class DuplicateIntentSuspected:
-    """The action's duplicate-intent policy held the request: the same payload is already
-    registered under ``duplicate_of_operation_key``. Nothing was registered and the
-    provider was not called. Retry under that key; pass ``confirm_duplicate_intent=True``
-    only for a genuinely new intent."""
-
-    operation: pb.Operation
-    duplicate_of_operation_key: str
-
-
-#: What :func:`execute` answers.
-Outcome = Union[Succeeded, FailedFinal, VerificationRequired, InProgress, DuplicateIntentSuspected]
-
-
-class UnexpectedDecisionError(RuntimeError):
-    """Begin answered a decision this client does not know (a newer server?)."""
-
-
-def confirmed_rejection_code(error: BaseException) -> Optional[str]:
-    """The default ``is_confirmed_rejection``: the error code of a :class:`ProviderRejected`,
-    ``None`` (not a rejection) for every other exception."""
-    return error.error_code if isinstance(error, ProviderRejected) else None
-
-
-def unknown_outcome_code(error: BaseException) -> str:
-    """The default ``unknown_error_code``: a short code for an uncertain outcome, never the
-    exception's message (which may quote payloads)."""
-    if isinstance(error, ProviderOutcomeUnknown):
-        return error.error_code
-    cause: Any = error.reason if isinstance(error, urllib.error.URLError) else error
-    if isinstance(cause, TimeoutError):
-        return "timeout"
-    if isinstance(cause, ConnectionResetError):
-        return "connection_reset"
-    if isinstance(cause, ConnectionError):
-        return "connection_error"
-    if isinstance(error, urllib.error.HTTPError):
-        return f"http_{error.code}"
-    if not isinstance(error, Exception):
-        return "interrupted"
-    return "exception"
+__all__ = [
+    "ERROR_CODE_PATTERN",
+    "DuplicateIntentSuspected",
+    "FailedFinal",
+    "InProgress",
+    "Outcome",
+    "ProviderCall",
+    "ProviderOutcomeUnknown",
+    "ProviderRejected",
+    "ProviderResult",
+    "Succeeded",
+    "UnexpectedDecisionError",
+    "VerificationRequired",
+    "confirmed_rejection_code",
+    "execute",
+    "unknown_outcome_code",
+]
 
 
 class _LeaseRenewer:
@@ -232,29 +108,62 @@ class _LeaseRenewer:
             self._thread.join()
 
 
-def _granted_lease_seconds(operation: pb.Operation) -> int:
-    """The length of the lease Begin granted, by the server's clock (at least 1 s)."""
-    granted = (
-        operation.lease_until.ToNanoseconds() - operation.updated_at.ToNanoseconds()
-    ) / 1e9
-    return max(1, math.ceil(granted))
+def _legacy_classifier(
+    is_confirmed_rejection: Optional[Callable[[BaseException], Optional[str]]],
+    unknown_error_code: Optional[Callable[[BaseException], str]],
+    classify: Optional[Classifier],
+) -> Classifier:
+    """One classifier from the options: ``classify`` wins; the older pair of hooks is
+    turned into one."""
+    if classify is not None:
+        return classify
+    if is_confirmed_rejection is None and unknown_error_code is None:
+        return default_classify
+    rejection = is_confirmed_rejection or confirmed_rejection_code
+    unknown = unknown_error_code or unknown_outcome_code
+
+    def classifier(error: BaseException) -> Rejection | UnknownOutcome:
+        code = rejection(error)
+        return Rejection(code) if code is not None else UnknownOutcome(unknown(error))
+
+    return classifier
 
 
-def _succeeded(operation: pb.Operation, replayed: bool, provider_result: Any = None) -> Succeeded:
-    external_id = operation.external_id if operation.HasField("external_id") else None
-    result = json.loads(operation.result_json) if operation.HasField("result_json") else None
-    return Succeeded(operation, external_id, result, replayed, provider_result)
-
-
-def _terminal(operation: pb.Operation, replayed: bool) -> Outcome:
-    if operation.status == pb.OPERATION_STATUS_SUCCEEDED:
-        return _succeeded(operation, replayed)
-    if operation.status == pb.OPERATION_STATUS_FAILED_FINAL:
-        error_code = operation.error_code if operation.HasField("error_code") else None
-        return FailedFinal(operation, error_code, replayed)
-    raise UnexpectedDecisionError(
-        f"replay of a non-terminal operation ({pb.OperationStatus.Name(operation.status)})"
-    )
+def run_plan(
+    client: JournalClient,
+    steps: _core.Plan,
+    call: Callable[[ProviderCall], Any],
+) -> Outcome:
+    """Performs the steps of :func:`opjournal_client._core.plan` with the sync client."""
+    answer: Any = None
+    failure: Optional[BaseException] = None
+    while True:
+        try:
+            step = steps.throw(failure) if failure is not None else steps.send(answer)
+        except StopIteration as stop:
+            outcome: Outcome = stop.value
+            return outcome
+        answer, failure = None, None
+        if isinstance(step, _core.CallProvider):
+            renewer = _LeaseRenewer(client, step.token, step.lease_seconds)
+            if step.renew:
+                renewer.start()
+            try:
+                answer = _core.Returned(
+                    call(ProviderCall(step.operation.provider_key, step.operation, renewer.lost))
+                )
+            except BaseException as error:  # noqa: BLE001 - every outcome must be recorded
+                answer = _core.Raised(error)
+            finally:
+                renewer.stop()
+            continue
+        try:
+            if isinstance(step, _core.Sleep):
+                time.sleep(step.seconds)
+            else:
+                answer = client._invoke(step.method, step.request)
+        except Exception as error:  # noqa: BLE001 - the plan decides
+            failure = error
 
 
 def execute(
@@ -269,8 +178,11 @@ def execute(
     references: Optional[Mapping[str, str]] = None,
     confirm_duplicate_intent: bool = False,
     renew_lease: bool = True,
-    is_confirmed_rejection: Callable[[BaseException], Optional[str]] = confirmed_rejection_code,
-    unknown_error_code: Callable[[BaseException], str] = unknown_outcome_code,
+    classify: Optional[Classifier] = None,
+    in_progress_wait: float = 0.0,
+    settle_wait: float = 0.0,
+    is_confirmed_rejection: Optional[Callable[[BaseException], Optional[str]]] = None,
+    unknown_error_code: Optional[Callable[[BaseException], str]] = None,
 ) -> Outcome:
     """Runs ``call`` at most once per intent, and only when the journal says so.
 
@@ -289,28 +201,57 @@ def execute(
         references: business links kept with the record (not hashed).
         confirm_duplicate_intent: proceed after :class:`DuplicateIntentSuspected`.
         renew_lease: renew the lease every third of its length while ``call`` runs.
-        is_confirmed_rejection: maps an exception from ``call`` to the error code of a
-            confirmed rejection, or ``None`` when it proves nothing.
-        unknown_error_code: maps any other exception to a short code for the journal.
+        classify: maps an exception from ``call`` to a :class:`Rejection` (confirmed: no
+            effect) or an :class:`UnknownOutcome`; ``None`` from it, or no hook, means
+            :func:`default_classify` (only :class:`ProviderRejected` is a rejection).
+        in_progress_wait: seconds to wait while another holder's lease is live: Begin is
+            asked again no later than its ``retry_after`` says (and at least every second)
+            until another decision or the deadline, then :class:`InProgress` is returned.
+            0: answer at once.
+        settle_wait: seconds to wait when Begin answers ``VERIFICATION_REQUIRED``: Begin is
+            asked again with backoff (0.1 s doubling to 1 s) until the reconciler settled
+            the operation -- its stored outcome is returned (``replayed=True``), or, when
+            the lookup proved the effect absent, the provider is called -- or the deadline,
+            then :class:`VerificationRequired` is returned. An unknown outcome reported by
+            this call itself is returned at once. 0: answer at once.
+        is_confirmed_rejection: the older form of ``classify``: an exception to the error
+            code of a confirmed rejection, or ``None``.
+        unknown_error_code: the older form of ``classify``: an exception to a short code.
 
     Returns:
         One of :class:`Succeeded`, :class:`FailedFinal`, :class:`VerificationRequired`,
         :class:`InProgress`, :class:`DuplicateIntentSuspected`.
 
+    Reports whose answer is lost (``UNAVAILABLE``, ``CANCELLED``, ``DEADLINE_EXCEEDED``,
+    a connection that cannot be made) are repeated with the same token and outcome, with
+    backoff, for up to the client's ``report_retry_seconds`` (30 s by default).
+
     Raises:
         IdempotencyKeyReusedError: the key is bound to another payload or action type; the
             provider was not called.
         LeaseLostError: another holder took the lease over before this call's report; the
-            report was not recorded (that holder's outcome counts).
+            report was not recorded (that holder's outcome counts). ``ProviderCall.lease_lost``
+            was set meanwhile if a renewal saw it first.
         InvalidArgumentError: a malformed request. When the journal refuses the report of a
             call that succeeded (e.g. ``RESULT_TOO_LARGE``), the outcome is first reported
             unknown so that reconciliation settles it, then the error is raised.
-        JournalUnavailableError: the journal could not be reached. Calling ``execute``
-            again with the same key is safe: an unreported lease ends as unknown.
+        JournalUnavailableError: the journal could not be reached (for a report: not within
+            ``report_retry_seconds``). Calling ``execute`` again with the same key is safe:
+            an unreported lease ends and the operation is reconciled.
         BaseException: ``KeyboardInterrupt`` and the like from ``call`` are re-raised after
             the outcome was reported unknown.
     """
-    begin = client.begin(
+    options = _core.ExecuteOptions(
+        namespace=namespace,
+        lease_seconds=lease_seconds,
+        references=references,
+        confirm_duplicate_intent=confirm_duplicate_intent,
+        renew_lease=renew_lease,
+        classify=_legacy_classifier(is_confirmed_rejection, unknown_error_code, classify),
+        in_progress_wait=in_progress_wait,
+        settle_wait=settle_wait,
+    )
+    begin = _core.begin_request(
         operation_key,
         action_type,
         payload,
@@ -319,46 +260,5 @@ def execute(
         references=references,
         confirm_duplicate_intent=confirm_duplicate_intent,
     )
-    operation = begin.operation
-    if begin.decision == pb.DECISION_REPLAY:
-        return _terminal(operation, replayed=True)
-    if begin.decision == pb.DECISION_IN_PROGRESS:
-        return InProgress(operation, begin.retry_after.ToTimedelta().total_seconds())
-    if begin.decision == pb.DECISION_VERIFICATION_REQUIRED:
-        return VerificationRequired(operation, reported=False)
-    if begin.decision == pb.DECISION_DUPLICATE_INTENT_SUSPECTED:
-        return DuplicateIntentSuspected(operation, begin.duplicate_of_operation_key)
-    if begin.decision != pb.DECISION_EXECUTE:
-        raise UnexpectedDecisionError(f"unknown decision {begin.decision}")
-
-    token = begin.lease_token
-    renewer = _LeaseRenewer(client, token, _granted_lease_seconds(operation))
-    if renew_lease:
-        renewer.start()
-    try:
-        returned = call(ProviderCall(operation.provider_key, operation, renewer.lost))
-    except BaseException as error:  # noqa: BLE001 - every outcome must be recorded
-        renewer.stop()
-        rejection = is_confirmed_rejection(error) if isinstance(error, Exception) else None
-        if rejection is not None:
-            return FailedFinal(client.fail(token, rejection), rejection, False, error)
-        code = unknown_error_code(error)
-        recorded = client.report_unknown(token, code)
-        if not isinstance(error, Exception):
-            raise
-        return VerificationRequired(recorded, reported=True, error_code=code, cause=error)
-    renewer.stop()
-
-    if not isinstance(returned, ProviderResult):
-        client.report_unknown(token, "invalid_provider_result")
-        raise TypeError("the provider function must return a ProviderResult")
-    try:
-        done = client.complete(token, external_id=returned.external_id, result=returned.result)
-    except (TypeError, ValueError):
-        # The result cannot be serialized: the effect happened but cannot be recorded here.
-        client.report_unknown(token, "result_not_serializable")
-        raise
-    except InvalidArgumentError:
-        client.report_unknown(token, "report_refused")
-        raise
-    return _succeeded(done, replayed=False, provider_result=returned.result)
+    steps = _core.plan(begin, options, client.report_retry_seconds)
+    return run_plan(client, steps, call)

@@ -1,0 +1,372 @@
+"""The logic of ``execute`` that the sync and the asyncio client share.
+
+Request building, Begin's decisions, the classification of the provider call, the waits
+(``in_progress_wait``, ``settle_wait``) and the repetition of reports whose answer was lost
+live here once, as a generator (:func:`plan`) that yields what to do next -- an RPC, a sleep,
+the provider call -- and gets the answer sent back (or the error thrown in). The sync client
+(:mod:`opjournal_client.execute`) and the asyncio client (:mod:`opjournal_client.aio`) only
+perform those steps, with a thread or an asyncio task renewing the lease.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Generator, Mapping, Optional, Union
+
+import grpc
+
+from opjournal.v1 import journal_pb2 as pb
+
+from .errors import InvalidArgumentError, OpjournalError
+from .outcomes import (
+    ERROR_CODE_PATTERN,
+    Classifier,
+    DuplicateIntentSuspected,
+    FailedFinal,
+    InProgress,
+    Outcome,
+    ProviderResult,
+    Rejection,
+    Succeeded,
+    UnexpectedDecisionError,
+    UnknownOutcome,
+    VerificationRequired,
+    default_classify,
+    unknown_outcome_code,
+)
+
+LOG = logging.getLogger("opjournal_client")
+
+#: Seconds each call may take before it fails with ``DEADLINE_EXCEEDED``.
+DEFAULT_TIMEOUT_SECONDS = 10.0
+
+#: Seconds a report (Complete, Fail, ReportUnknown) whose answer was lost is repeated for.
+DEFAULT_REPORT_RETRY_SECONDS = 30.0
+
+#: The status codes after which a report may or may not have landed: it is repeated with
+#: the same token and outcome (the journal answers a repeated report with the same record).
+#: A connection that cannot be made is ``UNAVAILABLE`` too.
+RETRIED_REPORT_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+
+_FIRST_DELAY = 0.05
+_MAX_DELAY = 1.0
+
+
+def to_json_text(value: Any) -> str:
+    """``value`` as JSON text: a ``str`` is taken as JSON text already; anything else is
+    serialized with :func:`json.dumps` (NaN and infinities refused, as I-JSON requires).
+
+    Raises:
+        TypeError / ValueError: when the value cannot be serialized.
+    """
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+# Requests, built once for both clients.
+
+
+def begin_request(
+    operation_key: str,
+    action_type: str,
+    payload: Any,
+    *,
+    namespace: str = "",
+    lease_seconds: int = 0,
+    references: Optional[Mapping[str, str]] = None,
+    confirm_duplicate_intent: bool = False,
+) -> pb.BeginOperationRequest:
+    """The BeginOperation request (``payload`` through :func:`to_json_text`)."""
+    return pb.BeginOperationRequest(
+        namespace=namespace,
+        operation_key=operation_key,
+        action_type=action_type,
+        payload_json=to_json_text(payload),
+        lease_seconds=lease_seconds,
+        references=dict(references or {}),
+        confirm_duplicate_intent=confirm_duplicate_intent,
+    )
+
+
+def complete_request(
+    lease_token: str, *, external_id: str = "", result: Any = None
+) -> pb.CompleteOperationRequest:
+    """The CompleteOperation request (``result`` ``None``: no result body)."""
+    return pb.CompleteOperationRequest(
+        lease_token=lease_token,
+        external_id=external_id,
+        result_json="" if result is None else to_json_text(result),
+    )
+
+
+def fail_request(lease_token: str, error_code: str) -> pb.FailOperationRequest:
+    """The FailOperation request."""
+    return pb.FailOperationRequest(lease_token=lease_token, error_code=error_code)
+
+
+def report_unknown_request(
+    lease_token: str, error_code: str = ""
+) -> pb.ReportUnknownOutcomeRequest:
+    """The ReportUnknownOutcome request."""
+    return pb.ReportUnknownOutcomeRequest(lease_token=lease_token, error_code=error_code)
+
+
+def renew_request(lease_token: str, lease_seconds: int) -> pb.RenewLeaseRequest:
+    """The RenewLease request."""
+    return pb.RenewLeaseRequest(lease_token=lease_token, lease_seconds=lease_seconds)
+
+
+def get_request(operation_key: str, namespace: str = "") -> pb.GetOperationRequest:
+    """The GetOperation request."""
+    return pb.GetOperationRequest(namespace=namespace, operation_key=operation_key)
+
+
+def derive_request(
+    action_type: str, intent_reference: str, namespace: str = ""
+) -> pb.DeriveOperationKeyRequest:
+    """The DeriveOperationKey request."""
+    return pb.DeriveOperationKeyRequest(
+        namespace=namespace, action_type=action_type, intent_reference=intent_reference
+    )
+
+
+def reconcile_request(operation_key: str, namespace: str = "") -> pb.ReconcileOperationRequest:
+    """The ReconcileOperation request."""
+    return pb.ReconcileOperationRequest(namespace=namespace, operation_key=operation_key)
+
+
+# Outcomes of records.
+
+
+def granted_lease_seconds(operation: pb.Operation) -> int:
+    """The length of the lease Begin granted, by the server's clock (at least 1 s)."""
+    granted = (
+        operation.lease_until.ToNanoseconds() - operation.updated_at.ToNanoseconds()
+    ) / 1e9
+    return max(1, math.ceil(granted))
+
+
+def succeeded(operation: pb.Operation, replayed: bool, provider_result: Any = None) -> Succeeded:
+    """The :class:`Succeeded` of a SUCCEEDED record."""
+    external_id = operation.external_id if operation.HasField("external_id") else None
+    result = json.loads(operation.result_json) if operation.HasField("result_json") else None
+    return Succeeded(operation, external_id, result, replayed, provider_result)
+
+
+def terminal(operation: pb.Operation, replayed: bool) -> Outcome:
+    """The outcome of a SUCCEEDED or FAILED_FINAL record."""
+    if operation.status == pb.OPERATION_STATUS_SUCCEEDED:
+        return succeeded(operation, replayed)
+    if operation.status == pb.OPERATION_STATUS_FAILED_FINAL:
+        error_code = operation.error_code if operation.HasField("error_code") else None
+        return FailedFinal(operation, error_code, replayed)
+    raise UnexpectedDecisionError(
+        f"replay of a non-terminal operation ({pb.OperationStatus.Name(operation.status)})"
+    )
+
+
+def classify(error: BaseException, classifier: Classifier) -> Union[Rejection, UnknownOutcome]:
+    """The verdict on an exception of the provider call. Safe in every corner: only an
+    ``Exception`` can be a rejection (``KeyboardInterrupt``, ``SystemExit`` and a cancelled
+    task are ``interrupted``), a classifier that raises or answers ``None`` leaves it to
+    :func:`default_classify`, and a verdict with a malformed code is an unknown outcome
+    (``invalid_error_code``): an unproven rejection is no rejection."""
+    if not isinstance(error, Exception):
+        return UnknownOutcome(unknown_outcome_code(error))
+    try:
+        verdict = classifier(error)
+    except Exception:  # noqa: BLE001 - a broken hook must not lose the report
+        LOG.warning("the exception classifier raised; reporting the outcome unknown")
+        verdict = None
+    if verdict is None:
+        verdict = default_classify(error)
+    if not isinstance(verdict, (Rejection, UnknownOutcome)) or not ERROR_CODE_PATTERN.fullmatch(
+        verdict.error_code
+    ):
+        return UnknownOutcome("invalid_error_code")
+    return verdict
+
+
+# What a driver performs for the plan.
+
+
+@dataclass(frozen=True)
+class Rpc:
+    """Call ``method`` (an ``OperationJournal`` method name) once; send back its response,
+    or throw its exception in."""
+
+    method: str
+    request: Any
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Sleep ``seconds``; send back ``None``."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CallProvider:
+    """Call the provider function with a :class:`ProviderCall` for ``operation`` while
+    renewing the lease ``token`` (``lease_seconds`` long) when ``renew``; send back a
+    :class:`Returned` or a :class:`Raised`, never throw."""
+
+    operation: pb.Operation
+    token: str
+    lease_seconds: int
+    renew: bool
+
+
+@dataclass(frozen=True)
+class Returned:
+    """The provider function returned ``value``."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Raised:
+    """The provider function raised ``error``."""
+
+    error: BaseException
+
+
+Step = Union[Rpc, Sleep, CallProvider]
+Plan = Generator[Step, Any, Outcome]
+
+
+@dataclass(frozen=True)
+class ExecuteOptions:
+    """The options of ``execute``, checked once (see :func:`opjournal_client.execute`)."""
+
+    namespace: str = ""
+    lease_seconds: int = 0
+    references: Optional[Mapping[str, str]] = None
+    confirm_duplicate_intent: bool = False
+    renew_lease: bool = True
+    classify: Classifier = field(default=default_classify)
+    in_progress_wait: float = 0.0
+    settle_wait: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.lease_seconds < 0 or self.in_progress_wait < 0 or self.settle_wait < 0:
+            raise ValueError("lease_seconds, in_progress_wait and settle_wait must be >= 0")
+
+
+def _report(method: str, request: Any, retry_seconds: float) -> Generator[Step, Any, pb.Operation]:
+    """Sends a report, repeating it with the same token and outcome while its answer is lost
+    (:data:`RETRIED_REPORT_CODES`), with backoff, for up to ``retry_seconds``."""
+    started = time.monotonic()
+    delay = _FIRST_DELAY
+    while True:
+        try:
+            response = yield Rpc(method, request)
+            operation: pb.Operation = response.operation
+            return operation
+        except OpjournalError as error:
+            elapsed = time.monotonic() - started
+            if error.code not in RETRIED_REPORT_CODES or elapsed + delay > retry_seconds:
+                raise
+            LOG.warning(
+                "%s not answered (%s); repeating it in %.2f s", method, error.code.name, delay
+            )
+            yield Sleep(delay)
+            delay = min(delay * 2, _MAX_DELAY)
+
+
+def plan(begin: pb.BeginOperationRequest, options: ExecuteOptions, report_retry_seconds: float) -> Plan:
+    """``execute`` as a sequence of steps; returns the :data:`Outcome`."""
+    started = time.monotonic()
+    in_progress_delay = settle_delay = _FIRST_DELAY * 2
+    while True:
+        answer: pb.BeginOperationResponse = yield Rpc("BeginOperation", begin)
+        operation = answer.operation
+        decision = answer.decision
+        if decision == pb.DECISION_REPLAY:
+            return terminal(operation, replayed=True)
+        if decision == pb.DECISION_IN_PROGRESS:
+            retry_after = answer.retry_after.ToTimedelta().total_seconds()
+            remaining = started + options.in_progress_wait - time.monotonic()
+            if remaining <= 0:
+                return InProgress(operation, retry_after)
+            # Never later than retry_after says, and often enough to see an early finish.
+            yield Sleep(min(max(retry_after, _FIRST_DELAY), in_progress_delay, remaining))
+            in_progress_delay = min(in_progress_delay * 2, _MAX_DELAY)
+            continue
+        if decision == pb.DECISION_VERIFICATION_REQUIRED:
+            remaining = started + options.settle_wait - time.monotonic()
+            if remaining <= 0:
+                return VerificationRequired(operation, reported=False)
+            yield Sleep(min(settle_delay, remaining))
+            settle_delay = min(settle_delay * 2, _MAX_DELAY)
+            continue
+        if decision == pb.DECISION_DUPLICATE_INTENT_SUSPECTED:
+            return DuplicateIntentSuspected(operation, answer.duplicate_of_operation_key)
+        if decision != pb.DECISION_EXECUTE:
+            raise UnexpectedDecisionError(f"unknown decision {decision}")
+        return (yield from _execute(answer, options, report_retry_seconds))
+
+
+def _execute(
+    answer: pb.BeginOperationResponse, options: ExecuteOptions, report_retry_seconds: float
+) -> Plan:
+    operation = answer.operation
+    token = answer.lease_token
+    called = yield CallProvider(
+        operation, token, granted_lease_seconds(operation), options.renew_lease
+    )
+    if isinstance(called, Raised):
+        error = called.error
+        verdict = classify(error, options.classify)
+        if isinstance(verdict, Rejection):
+            failed = yield from _report(
+                "FailOperation", fail_request(token, verdict.error_code), report_retry_seconds
+            )
+            return FailedFinal(failed, verdict.error_code, False, error)
+        recorded = yield from _report(
+            "ReportUnknownOutcome",
+            report_unknown_request(token, verdict.error_code),
+            report_retry_seconds,
+        )
+        if not isinstance(error, Exception):
+            raise error
+        return VerificationRequired(
+            recorded, reported=True, error_code=verdict.error_code, cause=error
+        )
+
+    returned = called.value
+    if not isinstance(returned, ProviderResult):
+        yield from _report(
+            "ReportUnknownOutcome",
+            report_unknown_request(token, "invalid_provider_result"),
+            report_retry_seconds,
+        )
+        raise TypeError("the provider function must return a ProviderResult")
+    try:
+        request = complete_request(token, external_id=returned.external_id, result=returned.result)
+    except (TypeError, ValueError):
+        # The result cannot be serialized: the effect happened but cannot be recorded here.
+        yield from _report(
+            "ReportUnknownOutcome",
+            report_unknown_request(token, "result_not_serializable"),
+            report_retry_seconds,
+        )
+        raise
+    try:
+        done = yield from _report("CompleteOperation", request, report_retry_seconds)
+    except InvalidArgumentError:
+        yield from _report(
+            "ReportUnknownOutcome",
+            report_unknown_request(token, "report_refused"),
+            report_retry_seconds,
+        )
+        raise
+    return succeeded(done, replayed=False, provider_result=returned.result)

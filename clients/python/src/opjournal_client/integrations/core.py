@@ -1,0 +1,207 @@
+"""The framework-neutral part of the agent integrations: run one tool call through the
+journal and turn every outcome into either the tool's result or a
+:class:`JournaledToolError` whose text the model can act on.
+
+The integrations (``opjournal_client.integrations.mcp``, ``.openai_agents``,
+``.langchain``) only find the key and the arguments in their framework's call and hand
+them to :func:`run_journaled`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
+
+from .. import (
+    DuplicateIntentSuspected,
+    FailedFinal,
+    IdempotencyKeyReusedError,
+    InProgress,
+    JournalUnavailableError,
+    ProviderCall,
+    ProviderResult,
+    Succeeded,
+    VerificationRequired,
+    execute,
+)
+from . import messages
+
+if TYPE_CHECKING:
+    from ..client import JournalClient
+
+#: What a client-supplied key may look like: 1-128 characters of ``[A-Za-z0-9._:-]``.
+CLIENT_KEY_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+#: Which arguments form the payload: all of them (``None``), a list of names, or a function
+#: of the bound arguments returning the payload.
+PayloadSpec = Union[None, Sequence[str], Callable[[Mapping[str, Any]], Any]]
+
+_CURRENT: contextvars.ContextVar[Optional[ProviderCall]] = contextvars.ContextVar(
+    "opjournal_integrations_current_call", default=None
+)
+
+
+def current_call() -> ProviderCall:
+    """The provider call a journaled tool's body is running for.
+
+    Inside the tool's function, ``current_call().provider_key`` is the idempotency key to
+    send to the provider (``namespace/key`` outside the ``default`` namespace).
+
+    Raises:
+        RuntimeError: outside a journaled tool's body.
+    """
+    call = _CURRENT.get()
+    if call is None:
+        raise RuntimeError("current_call() is only available inside a journaled tool's body")
+    return call
+
+
+class JournaledToolError(Exception):
+    """A journaled tool did not produce a result; ``text`` (also ``str(error)``) is what the
+    model should read, one of the :mod:`~opjournal_client.integrations.messages` texts.
+
+    Attributes:
+        kind: one of :data:`messages.KINDS` (``"verification_required"``, ``"conflict"``,
+            ``"in_progress"``, ``"rejected"``, ``"duplicate_intent"``, ``"key_required"``,
+            ``"invalid_key"``, ``"journal_unavailable"``).
+        text: the model-facing text.
+        outcome: the :func:`opjournal_client.execute` answer behind it, when there was one.
+    """
+
+    def __init__(self, kind: str, text: str, outcome: Any = None) -> None:
+        super().__init__(text)
+        self.kind = kind
+        self.text = text
+        self.outcome = outcome
+
+
+def tool_error(kind: str, *, subject: str = "operation", outcome: Any = None, **values: Any) -> JournaledToolError:
+    """The :class:`JournaledToolError` of ``kind`` with its text filled in."""
+    text = messages.KINDS[kind].format(subject=subject, **values)
+    return JournaledToolError(kind, text, outcome)
+
+
+def namespaced_client_key(scope: str, client_key: Any, *, subject: str = "operation") -> str:
+    """The journal key for a key a client sent: ``{scope}:{client_key}``.
+
+    The client's key is never used as the journal key alone: prefixing it with the tool's
+    scope (e.g. ``mcp:create_payment``) keeps one client's key for one tool from naming
+    another tool's operation.
+
+    Raises:
+        JournaledToolError: ``invalid_key`` when the key is not a string of 1-128
+            characters of ``[A-Za-z0-9._:-]``.
+    """
+    if not isinstance(client_key, str) or not CLIENT_KEY_PATTERN.fullmatch(client_key):
+        raise tool_error("invalid_key", subject=subject)
+    return f"{scope}:{client_key}"
+
+
+def select_payload(arguments: Mapping[str, Any], payload: PayloadSpec) -> Any:
+    """The journal payload for ``arguments``: all of them, the named subset, or what the
+    function returns."""
+    if payload is None:
+        return dict(arguments)
+    if callable(payload):
+        return payload(arguments)
+    return {name: arguments[name] for name in payload if name in arguments}
+
+
+@dataclass(frozen=True)
+class Journaled:
+    """How one tool is journaled (framework-neutral).
+
+    Attributes:
+        client: the journal client.
+        action_type: the action as named in the server's policy, e.g. ``"create_payment"``.
+        payload: which arguments are hashed (see :data:`PayloadSpec`).
+        namespace: the tenant namespace (empty: ``default``).
+        subject: the noun the model-facing texts use ("payment").
+        in_progress_wait: seconds to wait for another holder of the same key to finish
+            before answering ``in_progress`` (0: answer at once).
+        execute_options: more keyword arguments for :func:`opjournal_client.execute`.
+    """
+
+    client: "JournalClient"
+    action_type: str
+    payload: PayloadSpec = None
+    namespace: str = ""
+    subject: str = "operation"
+    in_progress_wait: float = 0.0
+    execute_options: Optional[Mapping[str, Any]] = None
+
+    def run(self, operation_key: str, arguments: Mapping[str, Any], body: Callable[[], Any]) -> Any:
+        """:func:`run_journaled` with this configuration."""
+        return run_journaled(self, operation_key, arguments, body)
+
+
+def _as_provider_result(value: Any) -> ProviderResult:
+    return value if isinstance(value, ProviderResult) else ProviderResult(result=value)
+
+
+def run_journaled(
+    spec: Journaled, operation_key: str, arguments: Mapping[str, Any], body: Callable[[], Any]
+) -> Any:
+    """Runs ``body`` at most once for ``operation_key`` and returns the tool's result.
+
+    ``body`` is the tool's own code (the provider call); it runs only on
+    ``DECISION_EXECUTE``, with :func:`current_call` set. It returns the result (a
+    JSON-serializable value) or a :class:`~opjournal_client.ProviderResult` (to record an
+    ``external_id``), and raises :class:`~opjournal_client.ProviderRejected` for a confirmed
+    rejection; any other exception is an unknown outcome.
+
+    Returns:
+        The stored result (as the action's policy keeps it), the same on the first run and
+        on every replay, so the model sees one answer for one intent.
+
+    Raises:
+        JournaledToolError: every other outcome, with the text the model should read.
+        opjournal_client.InvalidArgumentError: a malformed request (a bug, not a tool
+            outcome), e.g. a key with personal data.
+    """
+    payload = select_payload(arguments, spec.payload)
+
+    def provider(call: ProviderCall) -> ProviderResult:
+        token = _CURRENT.set(call)
+        try:
+            return _as_provider_result(body())
+        finally:
+            _CURRENT.reset(token)
+
+    subject = spec.subject
+    deadline = time.monotonic() + max(0.0, spec.in_progress_wait)
+    while True:
+        try:
+            outcome = execute(
+                spec.client,
+                operation_key,
+                spec.action_type,
+                payload,
+                provider,
+                namespace=spec.namespace,
+                **dict(spec.execute_options or {}),
+            )
+        except IdempotencyKeyReusedError as error:
+            raise tool_error("conflict", subject=subject) from error
+        except JournalUnavailableError as error:
+            raise tool_error("journal_unavailable", subject=subject) from error
+        if isinstance(outcome, Succeeded):
+            return outcome.result if outcome.result is not None else outcome.provider_result
+        if isinstance(outcome, InProgress):
+            remaining = deadline - time.monotonic()
+            if remaining > 0:
+                time.sleep(min(max(outcome.retry_after, 0.05), remaining))
+                continue
+            wait = max(1, round(outcome.retry_after))
+            raise tool_error("in_progress", subject=subject, outcome=outcome, retry_after=wait)
+        if isinstance(outcome, VerificationRequired):
+            raise tool_error("verification_required", subject=subject, outcome=outcome)
+        if isinstance(outcome, FailedFinal):
+            code = outcome.error_code or "rejected"
+            raise tool_error("rejected", subject=subject, outcome=outcome, error_code=code)
+        if isinstance(outcome, DuplicateIntentSuspected):
+            raise tool_error("duplicate_intent", subject=subject, outcome=outcome)
+        raise TypeError(f"unexpected outcome {type(outcome).__name__}")
