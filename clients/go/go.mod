@@ -1,0 +1,10 @@
+module github.com/opjournal/opjournal/clients/go
+
+go 1.19
+
+require (
+	google.golang.org/genproto v0.0.0-20200526211855-cb27e3aa2013
+	google.golang.org/grpc v1.33.3
+	google.golang.org/protobuf v1.28.1
+	gopkg.in/yaml.v3 v3.0.1
+)
