@@ -163,7 +163,8 @@ class JournalClient:
             references=references,
             confirm_duplicate_intent=confirm_duplicate_intent,
         )
-        return self._call(self.journal.BeginOperation, request)
+        response: pb.BeginOperationResponse = self._call(self.journal.BeginOperation, request)
+        return response
 
     def complete(
         self, lease_token: str, *, external_id: str = "", result: Any = None
@@ -179,7 +180,8 @@ class JournalClient:
             InvalidArgumentError: e.g. ``RESULT_TOO_LARGE``, ``INVALID_EXTERNAL_ID``.
         """
         request = _core.complete_request(lease_token, external_id=external_id, result=result)
-        return self._call(self.journal.CompleteOperation, request).operation
+        operation: pb.Operation = self._call(self.journal.CompleteOperation, request).operation
+        return operation
 
     def fail(self, lease_token: str, error_code: str) -> pb.Operation:
         """FailOperation: records a definitive rejection (no effect happened); returns the
@@ -189,7 +191,8 @@ class JournalClient:
             LeaseLostError, OutcomeAlreadyRecordedError, InvalidArgumentError.
         """
         request = _core.fail_request(lease_token, error_code)
-        return self._call(self.journal.FailOperation, request).operation
+        operation: pb.Operation = self._call(self.journal.FailOperation, request).operation
+        return operation
 
     def report_unknown(self, lease_token: str, error_code: str = "") -> pb.Operation:
         """ReportUnknownOutcome: the effect may or may not have happened; returns the
@@ -199,7 +202,8 @@ class JournalClient:
             LeaseLostError, OutcomeAlreadyRecordedError, InvalidArgumentError.
         """
         request = _core.report_unknown_request(lease_token, error_code)
-        return self._call(self.journal.ReportUnknownOutcome, request).operation
+        operation: pb.Operation = self._call(self.journal.ReportUnknownOutcome, request).operation
+        return operation
 
     def renew_lease(self, lease_token: str, lease_seconds: int) -> pb.Operation:
         """RenewLease: extends a live lease to ``lease_seconds`` from now (database clock).
@@ -208,7 +212,8 @@ class JournalClient:
             LeaseLostError: the lease has ended or was taken over.
         """
         request = _core.renew_request(lease_token, lease_seconds)
-        return self._call(self.journal.RenewLease, request).operation
+        operation: pb.Operation = self._call(self.journal.RenewLease, request).operation
+        return operation
 
     def get(self, operation_key: str, *, namespace: str = "") -> pb.Operation:
         """GetOperation: reads one record.
@@ -217,7 +222,8 @@ class JournalClient:
             OperationNotFoundError: no such key in the namespace.
         """
         request = _core.get_request(operation_key, namespace)
-        return self._call(self.journal.GetOperation, request).operation
+        operation: pb.Operation = self._call(self.journal.GetOperation, request).operation
+        return operation
 
     def derive_key(self, action_type: str, intent_reference: str, *, namespace: str = "") -> str:
         """DeriveOperationKey: an opaque, stable key (``ok_…``) for an intent reference that
@@ -227,7 +233,8 @@ class JournalClient:
             KeyDerivationDisabledError: the server has no key derivation secret.
         """
         request = _core.derive_request(action_type, intent_reference, namespace)
-        return self._call(self.journal.DeriveOperationKey, request).operation_key
+        key: str = self._call(self.journal.DeriveOperationKey, request).operation_key
+        return key
 
     # Reconciler
 
@@ -242,7 +249,10 @@ class JournalClient:
             NoProviderAdapterError.
         """
         request = _core.reconcile_request(operation_key, namespace)
-        return self._call(self.reconciler.ReconcileOperation, request)
+        response: pb.ReconcileOperationResponse = self._call(
+            self.reconciler.ReconcileOperation, request
+        )
+        return response
 
     def execute(
         self,
