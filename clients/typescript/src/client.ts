@@ -12,7 +12,7 @@ import { createClient, type Client, type Interceptor, type Transport } from "@co
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import type { SecureClientSessionOptions } from "node:http2";
 
-import { decodeError } from "./errors.js";
+import { decodeError, isLostAnswer } from "./errors.js";
 import { execute, type ExecuteOptions, type Outcome, type ProviderCall, type ProviderResult } from "./execute.js";
 import {
   OperationJournal,
@@ -25,12 +25,33 @@ import {
 /** Milliseconds each call may take before it fails with `DEADLINE_EXCEEDED`. */
 export const DEFAULT_TIMEOUT_MS = 10_000;
 
+/**
+ * Milliseconds for which a report (Complete, Fail, ReportUnknownOutcome) whose answer was
+ * lost is repeated, with backoff, before its error is thrown.
+ */
+export const DEFAULT_REPORT_RETRY_MS = 30_000;
+
+/** Options of every {@link JournalClient}, however it was built. */
+export interface ClientOptions {
+  /**
+   * Milliseconds each call may take (its gRPC deadline); default {@link DEFAULT_TIMEOUT_MS}.
+   * A call that runs out fails with `DEADLINE_EXCEEDED` ({@link JournalUnavailableError}).
+   */
+  timeoutMs?: number;
+  /**
+   * Milliseconds for which a report whose answer was lost (`UNAVAILABLE`, `CANCELLED`,
+   * `DEADLINE_EXCEEDED`, a refused or reset connection) is repeated with the same lease
+   * token and the same outcome, with backoff (100 ms doubling to 2 s); default
+   * {@link DEFAULT_REPORT_RETRY_MS}, 0 to never repeat. The journal answers a repeated
+   * report with the record of the first, so repeating is always safe.
+   */
+  reportRetryMs?: number;
+}
+
 /** How {@link JournalClient.connect} reaches the server. */
-export interface ConnectOptions {
+export interface ConnectOptions extends ClientOptions {
   /** A bearer token, sent as `authorization: Bearer <token>` on every call. */
   token?: string;
-  /** Milliseconds each call may take (the gRPC deadline); default 10 000. */
-  timeoutMs?: number;
   /**
    * TLS settings for an `https://` URL (Node's `http2.connect` options): `ca` trusts a
    * private CA, `cert` and `key` are the client certificate for mutual TLS.
@@ -99,16 +120,23 @@ export class JournalClient {
   readonly journal: Client<typeof OperationJournal>;
   /** The generated Reconciler client, for calls not wrapped here (see {@link journal}). */
   readonly reconciler: Client<typeof Reconciler>;
+  /** Milliseconds each call may take (its deadline). */
+  readonly timeoutMs: number;
+  /** Milliseconds for which a report whose answer was lost is repeated (see {@link ClientOptions}). */
+  readonly reportRetryMs: number;
   private readonly sessions: Http2SessionManager | undefined;
 
   /**
    * @param transport a gRPC transport (`createGrpcTransport`), or use {@link JournalClient.connect}.
    * @param sessions the HTTP/2 session manager to close in {@link close}, if any.
+   * @param options deadlines and report repetition.
    */
-  constructor(transport: Transport, sessions?: Http2SessionManager) {
+  constructor(transport: Transport, sessions?: Http2SessionManager, options: ClientOptions = {}) {
     this.journal = createClient(OperationJournal, transport);
     this.reconciler = createClient(Reconciler, transport);
     this.sessions = sessions;
+    this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    this.reportRetryMs = options.reportRetryMs ?? DEFAULT_REPORT_RETRY_MS;
   }
 
   /**
@@ -123,7 +151,7 @@ export class JournalClient {
       interceptors,
       defaultTimeoutMs: options.timeoutMs ?? DEFAULT_TIMEOUT_MS,
     });
-    return new JournalClient(transport, sessions);
+    return new JournalClient(transport, sessions, options);
   }
 
   /** Closes the HTTP/2 connection this client opened (a no-op for a passed transport). */
@@ -148,7 +176,7 @@ export class JournalClient {
         leaseSeconds: request.leaseSeconds ?? 0,
         references: request.references ?? {},
         confirmDuplicateIntent: request.confirmDuplicateIntent ?? false,
-      }),
+      }, this.callOptions()),
     );
   }
 
@@ -157,41 +185,52 @@ export class JournalClient {
    * `result` (JSON text or a value; absent for no result body) is sanitized by the
    * server's policy before it is stored and replayed.
    *
+   * A call whose answer was lost is repeated with the same token and outcome for up to
+   * {@link reportRetryMs} (see {@link ClientOptions.reportRetryMs}).
+   *
    * @throws {LeaseLostError} the lease was taken over.
    * @throws {OutcomeAlreadyRecordedError} this token already recorded another outcome.
    * @throws {InvalidArgumentError} e.g. `RESULT_TOO_LARGE`, `INVALID_EXTERNAL_ID`.
+   * @throws {JournalUnavailableError} the journal did not answer within {@link reportRetryMs}.
    */
   async complete(
     leaseToken: string,
     outcome: { externalId?: string; result?: unknown } = {},
   ): Promise<Operation> {
-    const response = await decoded(this.journal.completeOperation({
+    const request = {
       leaseToken,
       externalId: outcome.externalId ?? "",
       resultJson: outcome.result === undefined ? "" : toJsonText(outcome.result),
-    }));
+    };
+    const response = await this.report(() => this.journal.completeOperation(request, this.callOptions()));
     return required(response.operation);
   }
 
   /**
    * FailOperation: records a definitive rejection (no effect happened); resolves to the
-   * FAILED_FINAL record. `errorCode`: 1-100 characters of `[A-Za-z0-9._:-]`.
+   * FAILED_FINAL record. `errorCode`: 1-100 characters of `[A-Za-z0-9._:-]`. Repeated like
+   * {@link complete} when its answer is lost.
    *
    * @throws {LeaseLostError} | {OutcomeAlreadyRecordedError} | {InvalidArgumentError}
    */
   async fail(leaseToken: string, errorCode: string): Promise<Operation> {
-    const response = await decoded(this.journal.failOperation({ leaseToken, errorCode }));
+    const response = await this.report(() =>
+      this.journal.failOperation({ leaseToken, errorCode }, this.callOptions()),
+    );
     return required(response.operation);
   }
 
   /**
    * ReportUnknownOutcome: the effect may or may not have happened; resolves to the UNKNOWN
-   * record. `errorCode` is a short machine code such as `"timeout"`.
+   * record. `errorCode` is a short machine code such as `"timeout"`. Repeated like
+   * {@link complete} when its answer is lost.
    *
    * @throws {LeaseLostError} | {OutcomeAlreadyRecordedError} | {InvalidArgumentError}
    */
   async reportUnknown(leaseToken: string, errorCode = ""): Promise<Operation> {
-    const response = await decoded(this.journal.reportUnknownOutcome({ leaseToken, errorCode }));
+    const response = await this.report(() =>
+      this.journal.reportUnknownOutcome({ leaseToken, errorCode }, this.callOptions()),
+    );
     return required(response.operation);
   }
 
@@ -201,7 +240,7 @@ export class JournalClient {
    * @throws {LeaseLostError} the lease has ended or was taken over.
    */
   async renewLease(leaseToken: string, leaseSeconds: number): Promise<Operation> {
-    const response = await decoded(this.journal.renewLease({ leaseToken, leaseSeconds }));
+    const response = await decoded(this.journal.renewLease({ leaseToken, leaseSeconds }, this.callOptions()));
     return required(response.operation);
   }
 
@@ -214,7 +253,7 @@ export class JournalClient {
     const response = await decoded(this.journal.getOperation({
       namespace: options.namespace ?? "",
       operationKey,
-    }));
+    }, this.callOptions()));
     return required(response.operation);
   }
 
@@ -233,7 +272,7 @@ export class JournalClient {
       namespace: options.namespace ?? "",
       actionType,
       intentReference,
-    }));
+    }, this.callOptions()));
     return response.operationKey;
   }
 
@@ -251,7 +290,33 @@ export class JournalClient {
     return decoded(this.reconciler.reconcileOperation({
       namespace: options.namespace ?? "",
       operationKey,
-    }));
+    }, this.callOptions()));
+  }
+
+  /** The options of one generated call: this client's deadline. */
+  private callOptions(): { timeoutMs: number } {
+    return { timeoutMs: this.timeoutMs };
+  }
+
+  /**
+   * Runs one report, repeating it while its answer is lost ({@link isLostAnswer}) for up to
+   * {@link reportRetryMs}, with backoff: 100 ms doubling to 2 s, each wait drawn between
+   * half and all of that. Every other error, and the last lost one, is thrown decoded.
+   */
+  private async report<T>(send: () => Promise<T>): Promise<T> {
+    const deadline = Date.now() + this.reportRetryMs;
+    for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
+      try {
+        return await send();
+      } catch (error) {
+        const decodedError = decodeError(error);
+        const wait = delay / 2 + (Math.random() * delay) / 2;
+        if (!isLostAnswer(decodedError) || Date.now() + wait > deadline) {
+          throw decodedError;
+        }
+        await new Promise((resolve) => setTimeout(resolve, wait));
+      }
+    }
   }
 
   /** {@link execute} with this client: runs `call` at most once per intent. */

@@ -175,3 +175,38 @@ export function decodeError(error: unknown): OpjournalError {
     cause: error,
   });
 }
+
+/**
+ * True when `error` means the call's answer was lost rather than refused: `UNAVAILABLE`,
+ * `CANCELLED`, `DEADLINE_EXCEEDED`, or a connection that was refused, reset or closed
+ * (which the transport reports as `UNAVAILABLE`, `INTERNAL` or `UNKNOWN` with a socket
+ * error as its cause). The call may or may not have taken effect; a report (Complete,
+ * Fail, ReportUnknownOutcome) is safe to repeat with the same token and outcome.
+ */
+export function isLostAnswer(error: unknown): boolean {
+  const decoded = decodeError(error);
+  switch (decoded.code) {
+    case Code.Unavailable:
+    case Code.Canceled:
+    case Code.DeadlineExceeded:
+      return true;
+    case Code.Internal:
+    case Code.Unknown:
+      return decoded.reason === "" && hasSocketCause(decoded.cause);
+    default:
+      return false;
+  }
+}
+
+const SOCKET_CODES = /^(ECONN|EPIPE|ENOTCONN|EHOSTUNREACH|ENETUNREACH|ERR_HTTP2_(GOAWAY|STREAM|SESSION|INVALID_SESSION|PING))/;
+
+function hasSocketCause(error: unknown): boolean {
+  for (let e: unknown = error, depth = 0; e instanceof Error && depth < 6; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && SOCKET_CODES.test(code)) {
+      return true;
+    }
+    e = e.cause;
+  }
+  return false;
+}

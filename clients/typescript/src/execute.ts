@@ -25,7 +25,12 @@
 
 import type { JournalClient, BeginRequest } from "./client.js";
 import { InvalidArgumentError, LeaseLostError } from "./errors.js";
-import { Decision, OperationStatus, type Operation } from "./gen/opjournal/v1/journal_pb.js";
+import {
+  Decision,
+  OperationStatus,
+  type BeginOperationResponse,
+  type Operation,
+} from "./gen/opjournal/v1/journal_pb.js";
 
 const ERROR_CODE = /^[A-Za-z0-9._:-]{1,100}$/;
 
@@ -169,6 +174,22 @@ export interface ExecuteOptions {
   isConfirmedRejection?: (error: unknown) => string | undefined;
   /** Maps any other error to a short code for the journal. Default: {@link unknownOutcomeCode}. */
   unknownErrorCode?: (error: unknown) => string;
+  /**
+   * Milliseconds to wait while another holder's lease is live (`DECISION_IN_PROGRESS`):
+   * Begin is asked again after `retry_after` (at most after a backoff step of 100 ms
+   * doubling to 2 s), until another decision comes or this time is up; then the outcome is
+   * `in_progress`. Default 0: answer `in_progress` at once.
+   */
+  inProgressWaitMs?: number;
+  /**
+   * Milliseconds to wait when Begin answers `DECISION_VERIFICATION_REQUIRED`: Begin is
+   * asked again with backoff (100 ms doubling to 2 s) until the reconciler (or a reviewer)
+   * has settled the operation — a replay of its outcome, or, when the provider proved that
+   * nothing happened, a new provider call under the same key — or this time is up; then the
+   * outcome is `verification_required`. An unknown outcome this call reports itself is
+   * answered at once. Default 0: answer at once.
+   */
+  settleWaitMs?: number;
 }
 
 /** Begin answered a decision this client does not know (a newer server?). */
@@ -188,13 +209,19 @@ const TIMEOUT_CODES = new Set(["ETIMEDOUT", "UND_ERR_CONNECT_TIMEOUT", "UND_ERR_
 
 /**
  * The default `unknownErrorCode`: a short code for an uncertain outcome, never the error's
- * message (which may quote payloads). Looks through `fetch`'s `cause` chain.
+ * message (which may quote payloads). Looks through `fetch`'s `cause` chain: `timeout`,
+ * `connection_reset`, `connection_error`; `http_<status>` for an error carrying a numeric
+ * HTTP `status` or `statusCode` (as the errors of most HTTP clients do); else `exception`.
  */
 export function unknownOutcomeCode(error: unknown): string {
   if (error instanceof ProviderOutcomeUnknown) {
     return error.errorCode;
   }
   for (let e: unknown = error, depth = 0; e instanceof Error && depth < 5; depth++) {
+    const status = (e as { status?: unknown }).status ?? (e as { statusCode?: unknown }).statusCode;
+    if (typeof status === "number" && Number.isInteger(status) && status >= 100 && status <= 599) {
+      return `http_${status}`;
+    }
     const code = (e as { code?: unknown }).code;
     if (e.name === "TimeoutError" || (typeof code === "string" && TIMEOUT_CODES.has(code))) {
       return "timeout";
@@ -316,18 +343,15 @@ export async function execute(
   call: (call: ProviderCall) => Promise<ProviderResult>,
   options: ExecuteOptions = {},
 ): Promise<Outcome> {
-  const begin = await client.begin(request);
+  const begin = await beginWaiting(client, request, options);
   const operation = begin.operation;
   switch (begin.decision) {
     case Decision.EXECUTE:
       break;
     case Decision.REPLAY:
       return replay(requiredOperation(operation));
-    case Decision.IN_PROGRESS: {
-      const after = begin.retryAfter;
-      const retryAfterMs = after ? Number(after.seconds) * 1000 + after.nanos / 1e6 : 0;
-      return { kind: "in_progress", operation: requiredOperation(operation), retryAfterMs };
-    }
+    case Decision.IN_PROGRESS:
+      return { kind: "in_progress", operation: requiredOperation(operation), retryAfterMs: retryAfterMs(begin) };
     case Decision.VERIFICATION_REQUIRED:
       return { kind: "verification_required", operation: requiredOperation(operation), reported: false };
     case Decision.DUPLICATE_INTENT_SUSPECTED:
@@ -377,6 +401,47 @@ export async function execute(
     throw error;
   }
   return succeeded(done, false, returned.result);
+}
+
+/** Begin's `retry_after` in milliseconds (0 when absent). */
+function retryAfterMs(begin: BeginOperationResponse): number {
+  const after = begin.retryAfter;
+  return after ? Number(after.seconds) * 1000 + after.nanos / 1e6 : 0;
+}
+
+/**
+ * Begins, and asks again while the answer is IN_PROGRESS or VERIFICATION_REQUIRED and the
+ * caller's wait for that decision ({@link ExecuteOptions.inProgressWaitMs},
+ * {@link ExecuteOptions.settleWaitMs}) has time left. Resolves to the last answer.
+ */
+async function beginWaiting(
+  client: JournalClient,
+  request: BeginRequest,
+  options: ExecuteOptions,
+): Promise<BeginOperationResponse> {
+  const started = Date.now();
+  const inProgressUntil = started + Math.max(0, options.inProgressWaitMs ?? 0);
+  const settleUntil = started + Math.max(0, options.settleWaitMs ?? 0);
+  for (let step = 100; ; step = Math.min(step * 2, 2000)) {
+    const begin = await client.begin(request);
+    let wait: number;
+    if (begin.decision === Decision.IN_PROGRESS) {
+      const suggested = retryAfterMs(begin);
+      wait = Math.min(suggested > 0 ? suggested : step, step, inProgressUntil - Date.now());
+    } else if (begin.decision === Decision.VERIFICATION_REQUIRED) {
+      wait = Math.min(step, settleUntil - Date.now());
+    } else {
+      return begin;
+    }
+    if (wait <= 0) {
+      return begin;
+    }
+    await sleep(wait);
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
 function requiredOperation(operation: Operation | undefined): Operation {

@@ -8,6 +8,8 @@
  *   only on `DECISION_EXECUTE` with `operation.providerKey`, renew the lease meanwhile, and
  *   record the outcome — success, confirmed rejection, or unknown (never "failed" for a
  *   timeout).
+ * - {@link idempotent} wraps an async function so that it runs at most once per intent;
+ *   {@link currentCall} gives it the provider key.
  * - The generated messages and enums are re-exported as `v1`.
  *
  * @module
@@ -16,5 +18,6 @@
 export * from "./client.js";
 export * from "./errors.js";
 export * from "./execute.js";
+export * from "./idempotent.js";
 export * as v1 from "./gen/opjournal/v1/journal_pb.js";
 export * as providerAdapterV1 from "./gen/opjournal/v1/provider_adapter_pb.js";

@@ -1,0 +1,255 @@
+/**
+ * `idempotent(fn, options)`: turns an async function with a side effect into one that runs
+ * at most once per intent, through {@link execute}.
+ *
+ * The wrapped function keeps its parameters. The idempotency key comes from the
+ * orchestrator's code — a function of the arguments, or a string such as a run or intent id
+ * — never from a model. Inside `fn`, {@link currentCall} gives the provider key to send to
+ * the provider and a signal that is aborted when the lease is lost.
+ *
+ * It resolves to the stored result; every other outcome is thrown as a typed
+ * {@link OutcomeError} (`.outcome(...)` resolves to the {@link Outcome} instead):
+ *
+ * | outcome | `wrapped(...)` | `wrapped.outcome(...)` |
+ * |---|---|---|
+ * | succeeded (now or replayed) | the stored result | `{ kind: "succeeded", … }` |
+ * | failed_final | throws {@link OperationFailedError} | `{ kind: "failed_final", … }` |
+ * | verification_required | throws {@link VerificationRequiredError} | `{ kind: "verification_required", … }` |
+ * | in_progress | throws {@link InProgressError} | `{ kind: "in_progress", … }` |
+ * | duplicate_intent_suspected | throws {@link DuplicateIntentError} | `{ kind: "duplicate_intent_suspected", … }` |
+ *
+ * Both reject with {@link IdempotencyKeyReusedError}, {@link LeaseLostError} and the other
+ * {@link OpjournalError}s.
+ *
+ * @module
+ */
+
+import type { JournalClient } from "./client.js";
+import type { IdempotencyKeyReusedError, JournalUnavailableError, LeaseLostError, OpjournalError } from "./errors.js";
+import { classifierOptions, currentCall, type Classification, type CurrentCall, withCurrentCall } from "./current.js";
+import {
+  execute,
+  ProviderOutcomeUnknown,
+  ProviderRejected,
+  type DuplicateIntentSuspected,
+  type FailedFinal,
+  type InProgress,
+  type Outcome,
+  type ProviderCall,
+  type VerificationRequired,
+} from "./execute.js";
+import type { Operation } from "./gen/opjournal/v1/journal_pb.js";
+
+export { currentCall, type Classification, type CurrentCall };
+
+/** Options of {@link idempotent}; `A` are the function's parameters, `R` its result. */
+export interface IdempotentOptions<A extends unknown[], R> {
+  /** The journal client. */
+  journal: JournalClient;
+  /** The action as named in the server's policy, e.g. `"create_payment"`. */
+  actionType: string;
+  /**
+   * The idempotency key: a function of the arguments (`(order) => \`payment:${order.id}\``),
+   * or a string the orchestrator holds for this intent (a run or intent id). Never let a
+   * model choose it.
+   */
+  key: string | ((...args: A) => string);
+  /**
+   * What is hashed as the request's payload (a same key with another payload is
+   * `IDEMPOTENCY_KEY_REUSED`): default `{ args: [...arguments] }`; give a function to
+   * select the members that define the intent (leave out, say, a trace id).
+   */
+  payload?: (...args: A) => unknown;
+  /** The tenant namespace; absent means `default`. */
+  namespace?: string;
+  /** Business links kept with the record (not hashed), or a function of the arguments. */
+  references?: Record<string, string> | ((...args: A) => Record<string, string>);
+  /** The lease to ask for, in seconds; absent means the action's default. */
+  leaseSeconds?: number;
+  /** The provider's id of the effect, taken from the function's result (e.g. `(r) => r.id`). */
+  externalId?: (result: R) => string | undefined;
+  /**
+   * Classifies an error thrown by the function; undefined keeps the safe default: a
+   * {@link ProviderRejected} is a confirmed rejection, a {@link ProviderOutcomeUnknown}
+   * an unknown outcome with its code, and anything else an unknown outcome (`timeout`,
+   * `connection_reset`, `connection_error` or `exception`). Say `rejected` only when the
+   * provider proved that nothing happened.
+   */
+  classify?: (error: unknown) => Classification | undefined;
+  /** Wait for another holder's lease up to this long (see `ExecuteOptions.inProgressWaitMs`). */
+  inProgressWaitMs?: number;
+  /** Wait for an unknown outcome to be settled up to this long (see `ExecuteOptions.settleWaitMs`). */
+  settleWaitMs?: number;
+  /** Renew the lease while the function runs (default true). */
+  renewLease?: boolean;
+}
+
+/** The function returned by {@link idempotent}. */
+export interface IdempotentFunction<A extends unknown[], R> {
+  /**
+   * Runs the function at most once per intent and resolves to the stored result (parsed
+   * from the journal's copy: the same value on the first call and on every replay; an
+   * action whose policy keeps only some result fields keeps only those).
+   *
+   * @throws {OperationFailedError} | {VerificationRequiredError} | {InProgressError} |
+   *   {DuplicateIntentError} for the other outcomes.
+   * @throws {IdempotencyKeyReusedError} the key is bound to other arguments; nothing was called.
+   * @throws {LeaseLostError} the lease was taken over before the report.
+   * @throws {OpjournalError} any other journal error (e.g. {@link JournalUnavailableError}).
+   */
+  (...args: A): Promise<R>;
+  /** Runs like the function itself, but resolves to the {@link Outcome} of every decision. */
+  outcome(...args: A): Promise<Outcome>;
+}
+
+/**
+ * Wraps `fn` so that it runs at most once per intent: the key names the intent, the
+ * journal decides whether `fn` may run, and its result or error is recorded. Inside `fn`,
+ * {@link currentCall} gives the provider key and the lease's signal.
+ *
+ * @param fn the side effect. Resolve to the provider's answer (JSON-serializable) on a
+ *   confirmed success; throw {@link ProviderRejected} when the provider proved nothing
+ *   happened; anything else thrown is an unknown outcome (see `classify`).
+ */
+export function idempotent<A extends unknown[], R>(
+  fn: (...args: A) => Promise<R>,
+  options: IdempotentOptions<A, R>,
+): IdempotentFunction<A, R> {
+  const outcome = (...args: A): Promise<Outcome> => {
+    const operationKey = typeof options.key === "string" ? options.key : options.key(...args);
+    const references =
+      typeof options.references === "function" ? options.references(...args) : options.references;
+    return execute(
+      options.journal,
+      {
+        operationKey,
+        actionType: options.actionType,
+        payload: options.payload ? options.payload(...args) : { args },
+        namespace: options.namespace,
+        leaseSeconds: options.leaseSeconds,
+        references,
+      },
+      (call) =>
+        withCurrentCall({ ...call, operationKey }, async () => {
+          const result = await fn(...args);
+          return { externalId: options.externalId?.(result), result };
+        }),
+      {
+        renewLease: options.renewLease,
+        inProgressWaitMs: options.inProgressWaitMs,
+        settleWaitMs: options.settleWaitMs,
+        ...classifierOptions(options.classify),
+      },
+    );
+  };
+  const wrapped = async (...args: A): Promise<R> => resultOf(await outcome(...args)) as R;
+  return Object.assign(wrapped, { outcome });
+}
+
+/**
+ * The stored result of a `succeeded` outcome; every other outcome thrown as its
+ * {@link OutcomeError}.
+ */
+export function resultOf(outcome: Outcome): unknown {
+  switch (outcome.kind) {
+    case "succeeded":
+      return outcome.result;
+    case "failed_final":
+      throw new OperationFailedError(outcome);
+    case "verification_required":
+      throw new VerificationRequiredError(outcome);
+    case "in_progress":
+      throw new InProgressError(outcome);
+    case "duplicate_intent_suspected":
+      throw new DuplicateIntentError(outcome);
+  }
+}
+
+/**
+ * An outcome other than success, thrown by a function wrapped with {@link idempotent}.
+ * `outcome` is the full {@link Outcome}; the message says, for a person or a model, what
+ * happened and what to do, and never carries keys, payloads or results.
+ */
+export abstract class OutcomeError<O extends Outcome = Outcome> extends Error {
+  /** The outcome. */
+  readonly outcome: O;
+  /** The journal record, when there is one. */
+  readonly operation: Operation | undefined;
+
+  constructor(outcome: O, message: string) {
+    super(message, { cause: "cause" in outcome ? outcome.cause : undefined });
+    this.name = new.target.name;
+    this.outcome = outcome;
+    this.operation = outcome.operation;
+  }
+}
+
+/** `failed_final`: the provider proved that nothing happened; the intent is over. */
+export class OperationFailedError extends OutcomeError<FailedFinal> {
+  /** The recorded error code, e.g. `"card_declined"`. */
+  readonly errorCode: string | undefined;
+  /** True when this was a replay of an earlier rejection. */
+  readonly replayed: boolean;
+  constructor(outcome: FailedFinal) {
+    super(
+      outcome,
+      `failed: the provider rejected this operation (${outcome.errorCode ?? "no code"}); ` +
+        "nothing happened, and repeating the same request will not change that",
+    );
+    this.errorCode = outcome.errorCode;
+    this.replayed = outcome.replayed;
+  }
+}
+
+/**
+ * `verification_required`: the outcome is not known (a timeout, a reset, a 5xx); the
+ * effect may have happened. Do not call again for this intent with another key; the
+ * reconciler settles it, and a later call with the same key replays the outcome.
+ */
+export class VerificationRequiredError extends OutcomeError<VerificationRequired> {
+  /** True when this call reported the unknown outcome; false when it was found unknown. */
+  readonly reported: boolean;
+  /** The recorded code (`timeout`, …) when this call reported it. */
+  readonly errorCode: string | undefined;
+  constructor(outcome: VerificationRequired) {
+    super(
+      outcome,
+      "verification required: the outcome of this operation is not known yet and it may " +
+        "have taken effect; do not repeat it under another key — it is being verified, and " +
+        "the same request later returns the verified result",
+    );
+    this.reported = outcome.reported;
+    this.errorCode = outcome.errorCode;
+  }
+}
+
+/** `in_progress`: another holder is running this intent now; ask again after `retryAfterMs`. */
+export class InProgressError extends OutcomeError<InProgress> {
+  /** Milliseconds until the other holder's lease ends. */
+  readonly retryAfterMs: number;
+  constructor(outcome: InProgress) {
+    super(
+      outcome,
+      `in progress: this operation is running elsewhere; repeat the same request in ` +
+        `${Math.ceil(outcome.retryAfterMs / 1000)} s to get its result`,
+    );
+    this.retryAfterMs = outcome.retryAfterMs;
+  }
+}
+
+/**
+ * `duplicate_intent_suspected`: the same payload is registered under another key
+ * (`duplicateOfOperationKey`); nothing was registered or called.
+ */
+export class DuplicateIntentError extends OutcomeError<DuplicateIntentSuspected> {
+  /** The key the same payload is registered under. */
+  readonly duplicateOfOperationKey: string;
+  constructor(outcome: DuplicateIntentSuspected) {
+    super(
+      outcome,
+      "duplicate suspected: the same request is already registered under another key; " +
+        "nothing was done — use that operation, or confirm that this is a new intent",
+    );
+    this.duplicateOfOperationKey = outcome.duplicateOfOperationKey;
+  }
+}
