@@ -39,6 +39,11 @@ CLIENT_KEY_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 #: of the bound arguments returning the payload.
 PayloadSpec = Union[None, Sequence[str], Callable[[Mapping[str, Any]], Any]]
 
+#: Seconds between the Begins of a call that waits for another holder: from 0.1, doubling,
+#: at most 2.
+_FIRST_POLL_SECONDS = 0.1
+_MAX_POLL_SECONDS = 2.0
+
 _CURRENT: contextvars.ContextVar[Optional[ProviderCall]] = contextvars.ContextVar(
     "opjournal_integrations_current_call", default=None
 )
@@ -173,6 +178,7 @@ def run_journaled(
 
     subject = spec.subject
     deadline = time.monotonic() + max(0.0, spec.in_progress_wait)
+    poll = _FIRST_POLL_SECONDS
     while True:
         try:
             outcome = execute(
@@ -193,7 +199,10 @@ def run_journaled(
         if isinstance(outcome, InProgress):
             remaining = deadline - time.monotonic()
             if remaining > 0:
-                time.sleep(min(max(outcome.retry_after, 0.05), remaining))
+                # retry_after is when the holder's lease ends; the holder usually reports
+                # much sooner, so ask again early, backing off.
+                time.sleep(min(max(outcome.retry_after, 0.05), poll, remaining))
+                poll = min(poll * 2, _MAX_POLL_SECONDS)
                 continue
             wait = max(1, round(outcome.retry_after))
             raise tool_error("in_progress", subject=subject, outcome=outcome, retry_after=wait)
