@@ -113,6 +113,14 @@ async fn the_python_client_surfaces_lease_lost_and_renews_leases(pool: PgPool) {
     );
     let counts = app.counts("py:leases:taken-over");
     assert_eq!((counts.requests, counts.effects), (2, 1));
+    // The asyncio client's holder saw LEASE_LOST; its report was refused too.
+    let async_lost = row(&app, "py:leases:async-lost").await.unwrap();
+    assert_eq!(
+        (async_lost.status.as_str(), async_lost.attempt_count),
+        ("succeeded", 2)
+    );
+    let counts = app.counts("py:leases:async-lost");
+    assert_eq!((counts.requests, counts.effects), (2, 1));
     // The renewed lease was never taken over.
     let renewed = row(&app, "py:leases:renewed").await.unwrap();
     assert_eq!(renewed, succeeded(1, renewed.external_id.clone()));
@@ -139,4 +147,51 @@ async fn the_python_client_sends_its_bearer_token(pool: PgPool) {
     );
     let counts = app.counts("tenant-a/py:auth:payment");
     assert_eq!((counts.requests, counts.effects), (1, 1));
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_decorator_protects_one_intent_from_sync_asyncio_and_two_processes(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    pytest(&app, &["tests/test_decorator.py"]).await;
+
+    // 200 concurrent calls of one intent (20 asyncio tasks in two processes), then the same
+    // intent from sync and asyncio code: one provider call, one effect, one attempt.
+    let once = row(&app, "py:decorator:once").await.unwrap();
+    assert_eq!(
+        (once.status.as_str(), once.attempt_count),
+        ("succeeded", 1)
+    );
+    assert!(once.external_id.as_deref().is_some_and(|id| id.starts_with("pay_")));
+    let counts = app.counts("py:decorator:once");
+    assert_eq!((counts.requests, counts.effects), (1, 1));
+    assert_eq!(
+        transitions(&app, "py:decorator:once").await.len(),
+        2,
+        "registered and completed, nothing else"
+    );
+
+    // A lost provider answer: unknown, and the provider was asked exactly once.
+    for key in ["py:decorator:lost-sync", "py:decorator:lost-async"] {
+        let lost = row(&app, key).await.unwrap();
+        assert_eq!(
+            (lost.status.as_str(), lost.attempt_count),
+            ("unknown", 1),
+            "{key}"
+        );
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
+
+    // Other arguments under the same key: refused; the first payment stands alone.
+    for key in ["py:decorator:conflict-sync", "py:decorator:conflict-async"] {
+        let first = row(&app, key).await.unwrap();
+        assert_eq!(first, succeeded(1, first.external_id.clone()), "{key}");
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
+    let outcome = row(&app, "py:decorator:outcome").await.unwrap();
+    assert_eq!(outcome, succeeded(1, outcome.external_id.clone()));
+    assert_eq!(app.counts("py:decorator:outcome").effects, 1);
 }

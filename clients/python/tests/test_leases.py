@@ -5,12 +5,17 @@ whose ended lease may be claimed again by a new holder."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
+
 import grpc
 import pytest
 
 from conftest import PAY_817, Sandbox, wait_for
 from opjournal.v1 import journal_pb2 as pb
 from opjournal_client import (
+    AsyncJournalClient,
     InProgress,
     JournalClient,
     LeaseLostError,
@@ -101,3 +106,37 @@ def test_execute_renews_the_lease_while_a_long_call_runs(
     assert done.operation.attempt_count == 1
     [inner] = observed
     assert isinstance(inner, InProgress)
+
+
+def test_async_execute_sees_lease_lost_and_raises_it_for_the_report(
+    client: JournalClient, sandbox: Sandbox
+) -> None:
+    key = "py:leases:async-lost"
+    taken: list[pb.BeginOperationResponse] = []
+    noticed: list[bool] = []
+
+    async def main() -> None:
+        async with AsyncJournalClient.connect(os.environ["OPJOURNAL_TEST_SERVER"]) as journal:
+
+            async def call(provider_call: ProviderCall) -> ProviderResult:
+                payment = sandbox.pay(provider_call.provider_key, PAY_817)
+                # Blocks the event loop past the 1 s lease, so the renewal task cannot run
+                # until another worker holds a new lease.
+                taken.append(take_over(client, key))
+                # The renewal task runs again, is refused with LEASE_LOST and says so.
+                deadline = time.monotonic() + 10
+                while not provider_call.lease_lost.is_set() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                noticed.append(provider_call.lease_lost.is_set())
+                return ProviderResult(external_id=payment["id"], result=payment)
+
+            with pytest.raises(LeaseLostError) as lost:
+                await journal.execute(key, "create_payment_dedup", PAY_817, call, lease_seconds=1)
+            assert (lost.value.code, lost.value.reason) == (grpc.StatusCode.ABORTED, "LEASE_LOST")
+
+    asyncio.run(main())
+    assert noticed == [True], "ProviderCall.lease_lost was set while the call ran"
+    [second] = taken
+    payment = sandbox.pay(second.operation.provider_key, PAY_817)
+    client.complete(second.lease_token, external_id=payment["id"], result=payment)
+    assert sandbox.effects(key) == {"requests": 2, "effects": 1, "lookups": 0}
