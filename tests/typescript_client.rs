@@ -15,8 +15,8 @@ use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
 use sqlx::PgPool;
 
-const SETUP: &str =
-    "./scripts/test prepares it with scripts/client-envs typescript (npm ci, npm run build)";
+const SETUP: &str = "./scripts/test prepares it with scripts/client-envs typescript \
+     (npm ci and npm run build in clients/typescript and examples/agents/typescript)";
 
 /// Node.js: `OPJOURNAL_TEST_NODE`, or `node` on the PATH.
 fn node() -> PathBuf {
@@ -120,4 +120,82 @@ async fn the_typescript_client_sends_its_bearer_token(pool: PgPool) {
     );
     let counts = app.counts("tenant-a/ts:auth:payment");
     assert_eq!((counts.requests, counts.effects), (1, 1));
+}
+
+/// `(status, attempt_count, error_code)` of `key`'s row.
+async fn state(app: &TestApp, key: &str) -> (String, i32, Option<String>) {
+    let row = row(app, key)
+        .await
+        .unwrap_or_else(|| panic!("no row for {key}"));
+    (row.status, row.attempt_count, row.error_code)
+}
+
+fn is(status: &str, attempts: i32, code: Option<&str>) -> (String, i32, Option<String>) {
+    (status.to_owned(), attempts, code.map(str::to_owned))
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_typescript_idempotent_wrapper_runs_each_intent_once(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    node_test(&app, "idempotent.test.js").await;
+
+    let paid = [
+        "ts:idem:order-idem-1",
+        "ts:idem:run-7:payment",
+        "ts:idem:held",
+        "ts:idem:settled",
+        "ts:idem:hold-1",
+    ];
+    for key in paid {
+        assert_eq!(state(&app, key).await, is("succeeded", 1, None), "{key}");
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
+    assert_eq!(
+        state(&app, "ts:idem:declined").await,
+        is("failed_final", 1, Some("card_declined"))
+    );
+    assert_eq!(app.counts("ts:idem:declined").effects, 0);
+    for (key, code) in [
+        ("ts:idem:unexpected", "exception"),
+        ("ts:idem:http-503", "http_503"),
+        ("ts:idem:lease-lost", "lease_lost"),
+    ] {
+        assert_eq!(state(&app, key).await, is("unknown", 1, Some(code)), "{key}");
+    }
+    assert_eq!(app.counts("ts:idem:unexpected").requests, 0);
+    assert_eq!(app.rows_for("ts:idem:hold-2").await, 0, "the duplicate was held");
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn journaled_mcp_tools_pay_once_when_the_client_retries(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let example = repo().join("examples/agents/typescript/dist/main.js");
+    assert!(example.exists(), "{} is missing; {SETUP}", example.display());
+    node_test(&app, "mcp.test.js").await;
+
+    let lost = "mcp:create_payment:9b2f0c6e-lost-answer";
+    let row_of_lost = row(&app, lost).await.unwrap();
+    assert_eq!(
+        (row_of_lost.status.as_str(), row_of_lost.attempt_count),
+        ("succeeded", 1)
+    );
+    let counts = app.counts(lost);
+    assert_eq!((counts.requests, counts.effects), (1, 1), "one payment");
+    assert_eq!(
+        state(&app, "mcp:create_payment:9b2f0c6e-unknown").await,
+        is("unknown", 1, Some("timeout"))
+    );
+    assert_eq!(
+        state(&app, "mcp:create_payment:9b2f0c6e-declined").await,
+        is("failed_final", 1, Some("card_declined"))
+    );
+    for key in [
+        "mcp:create_payment:9b2f0c6e-meta",
+        "payment:order-mcp-derived",
+        "mcp:create_payment:9b2f0c6e-top-level",
+    ] {
+        assert_eq!(state(&app, key).await, is("succeeded", 1, None), "{key}");
+        assert_eq!(app.counts(key).effects, 1, "{key}");
+    }
 }

@@ -209,13 +209,17 @@ const TIMEOUT_CODES = new Set(["ETIMEDOUT", "UND_ERR_CONNECT_TIMEOUT", "UND_ERR_
 
 /**
  * The default `unknownErrorCode`: a short code for an uncertain outcome, never the error's
- * message (which may quote payloads). Looks through `fetch`'s `cause` chain: `timeout`,
+ * message (which may quote payloads). `lease_lost` for the {@link LeaseLostError} that
+ * aborted `ProviderCall.signal`; through `fetch`'s `cause` chain: `timeout`,
  * `connection_reset`, `connection_error`; `http_<status>` for an error carrying a numeric
  * HTTP `status` or `statusCode` (as the errors of most HTTP clients do); else `exception`.
  */
 export function unknownOutcomeCode(error: unknown): string {
   if (error instanceof ProviderOutcomeUnknown) {
     return error.errorCode;
+  }
+  if (error instanceof LeaseLostError) {
+    return "lease_lost"; // the call stopped because ProviderCall.signal was aborted
   }
   for (let e: unknown = error, depth = 0; e instanceof Error && depth < 5; depth++) {
     const status = (e as { status?: unknown }).status ?? (e as { statusCode?: unknown }).statusCode;

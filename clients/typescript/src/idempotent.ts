@@ -7,19 +7,16 @@
  * — never from a model. Inside `fn`, {@link currentCall} gives the provider key to send to
  * the provider and a signal that is aborted when the lease is lost.
  *
- * It resolves to the stored result; every other outcome is thrown as a typed
- * {@link OutcomeError} (`.outcome(...)` resolves to the {@link Outcome} instead):
- *
- * | outcome | `wrapped(...)` | `wrapped.outcome(...)` |
- * |---|---|---|
- * | succeeded (now or replayed) | the stored result | `{ kind: "succeeded", … }` |
- * | failed_final | throws {@link OperationFailedError} | `{ kind: "failed_final", … }` |
- * | verification_required | throws {@link VerificationRequiredError} | `{ kind: "verification_required", … }` |
- * | in_progress | throws {@link InProgressError} | `{ kind: "in_progress", … }` |
- * | duplicate_intent_suspected | throws {@link DuplicateIntentError} | `{ kind: "duplicate_intent_suspected", … }` |
- *
- * Both reject with {@link IdempotencyKeyReusedError}, {@link LeaseLostError} and the other
- * {@link OpjournalError}s.
+ * What a call answers (`returns: "value"`, the default): on a fresh success what `fn`
+ * returned; on a replay the stored result (the JSON the journal kept, as the action's policy
+ * sanitized it), without calling `fn`; every other outcome is thrown as a typed
+ * {@link OutcomeError}: {@link FailedFinalError}, {@link VerificationRequiredError},
+ * {@link InProgressError}, {@link DuplicateIntentSuspectedError}. With
+ * `returns: "outcome"` (or `wrapped.outcome(...)`) it resolves to the {@link Outcome} of
+ * every decision instead. Both reject with {@link IdempotencyKeyReusedError} (the same key
+ * with other arguments), {@link LeaseLostError}, {@link JournalUnavailableError} and the
+ * other {@link OpjournalError}s. {@link summarizeOutcome} (and `OutcomeError.toJSON()`)
+ * gives the JSON summary an agent reads, the same as the Python client's `to_dict()`.
  *
  * @module
  */
@@ -35,10 +32,10 @@ import {
   type FailedFinal,
   type InProgress,
   type Outcome,
-  type ProviderCall,
+  type Succeeded,
   type VerificationRequired,
 } from "./execute.js";
-import type { Operation } from "./gen/opjournal/v1/journal_pb.js";
+import { OperationStatus, type Operation } from "./gen/opjournal/v1/journal_pb.js";
 
 export { currentCall, type Classification, type CurrentCall };
 
@@ -69,6 +66,18 @@ export interface IdempotentOptions<A extends unknown[], R> {
   /** The provider's id of the effect, taken from the function's result (e.g. `(r) => r.id`). */
   externalId?: (result: R) => string | undefined;
   /**
+   * What the journal stores and replays, from the function's result (JSON-serializable);
+   * default the result itself.
+   */
+  toResult?: (result: R) => unknown;
+  /** Proceed after `DECISION_DUPLICATE_INTENT_SUSPECTED`: this really is a new intent. */
+  confirmDuplicateIntent?: boolean;
+  /**
+   * `"value"` (default): resolve to the result and throw an {@link OutcomeError} for
+   * every other outcome; `"outcome"`: resolve to the {@link Outcome}.
+   */
+  returns?: "value" | "outcome";
+  /**
    * Classifies an error thrown by the function; undefined keeps the safe default: a
    * {@link ProviderRejected} is a confirmed rejection, a {@link ProviderOutcomeUnknown}
    * an unknown outcome with its code, and anything else an unknown outcome (`timeout`,
@@ -84,15 +93,14 @@ export interface IdempotentOptions<A extends unknown[], R> {
   renewLease?: boolean;
 }
 
-/** The function returned by {@link idempotent}. */
+/** The function returned by {@link idempotent} with `returns: "value"` (the default). */
 export interface IdempotentFunction<A extends unknown[], R> {
   /**
-   * Runs the function at most once per intent and resolves to the stored result (parsed
-   * from the journal's copy: the same value on the first call and on every replay; an
-   * action whose policy keeps only some result fields keeps only those).
+   * Runs the function at most once per intent. Resolves to what it returned, or on a
+   * replay to the stored result (the journal's copy, as the action's policy sanitized it).
    *
-   * @throws {OperationFailedError} | {VerificationRequiredError} | {InProgressError} |
-   *   {DuplicateIntentError} for the other outcomes.
+   * @throws {FailedFinalError} | {VerificationRequiredError} | {InProgressError} |
+   *   {DuplicateIntentSuspectedError} for the other outcomes.
    * @throws {IdempotencyKeyReusedError} the key is bound to other arguments; nothing was called.
    * @throws {LeaseLostError} the lease was taken over before the report.
    * @throws {OpjournalError} any other journal error (e.g. {@link JournalUnavailableError}).
@@ -102,24 +110,42 @@ export interface IdempotentFunction<A extends unknown[], R> {
   outcome(...args: A): Promise<Outcome>;
 }
 
+/** The function returned by {@link idempotent} with `returns: "outcome"`. */
+export interface IdempotentOutcomeFunction<A extends unknown[]> {
+  /** Runs the function at most once per intent; resolves to the {@link Outcome}. */
+  (...args: A): Promise<Outcome>;
+  /** The same as calling the function. */
+  outcome(...args: A): Promise<Outcome>;
+}
+
 /**
  * Wraps `fn` so that it runs at most once per intent: the key names the intent, the
  * journal decides whether `fn` may run, and its result or error is recorded. Inside `fn`,
  * {@link currentCall} gives the provider key and the lease's signal.
  *
- * @param fn the side effect. Resolve to the provider's answer (JSON-serializable) on a
- *   confirmed success; throw {@link ProviderRejected} when the provider proved nothing
- *   happened; anything else thrown is an unknown outcome (see `classify`).
+ * @param fn the side effect. Resolve to the provider's answer on a confirmed success;
+ *   throw {@link ProviderRejected} when the provider proved nothing happened; anything
+ *   else thrown is an unknown outcome (see `classify`).
  */
 export function idempotent<A extends unknown[], R>(
   fn: (...args: A) => Promise<R>,
+  options: IdempotentOptions<A, R> & { returns?: "value" },
+): IdempotentFunction<A, R>;
+export function idempotent<A extends unknown[], R>(
+  fn: (...args: A) => Promise<R>,
+  options: IdempotentOptions<A, R> & { returns: "outcome" },
+): IdempotentOutcomeFunction<A>;
+export function idempotent<A extends unknown[], R>(
+  fn: (...args: A) => Promise<R>,
   options: IdempotentOptions<A, R>,
-): IdempotentFunction<A, R> {
-  const outcome = (...args: A): Promise<Outcome> => {
+): IdempotentFunction<A, R> | IdempotentOutcomeFunction<A> {
+  /** Runs one call; `returned` is what `fn` returned when it ran now and succeeded. */
+  const run = async (args: A): Promise<{ outcome: Outcome; returned?: { value: R } }> => {
     const operationKey = typeof options.key === "string" ? options.key : options.key(...args);
     const references =
       typeof options.references === "function" ? options.references(...args) : options.references;
-    return execute(
+    let returned: { value: R } | undefined;
+    const outcome = await execute(
       options.journal,
       {
         operationKey,
@@ -128,11 +154,16 @@ export function idempotent<A extends unknown[], R>(
         namespace: options.namespace,
         leaseSeconds: options.leaseSeconds,
         references,
+        confirmDuplicateIntent: options.confirmDuplicateIntent,
       },
       (call) =>
         withCurrentCall({ ...call, operationKey }, async () => {
-          const result = await fn(...args);
-          return { externalId: options.externalId?.(result), result };
+          const value = await fn(...args);
+          returned = { value };
+          return {
+            externalId: options.externalId?.(value),
+            result: options.toResult ? options.toResult(value) : value,
+          };
         }),
       {
         renewLease: options.renewLease,
@@ -141,27 +172,99 @@ export function idempotent<A extends unknown[], R>(
         ...classifierOptions(options.classify),
       },
     );
+    return { outcome, returned };
   };
-  const wrapped = async (...args: A): Promise<R> => resultOf(await outcome(...args)) as R;
+  const outcome = async (...args: A): Promise<Outcome> => (await run(args)).outcome;
+  if (options.returns === "outcome") {
+    return Object.assign((...args: A) => outcome(...args), { outcome });
+  }
+  const wrapped = async (...args: A): Promise<R> => {
+    const { outcome: answered, returned } = await run(args);
+    const done = throwForOutcome(answered);
+    return done.replayed || returned === undefined ? (done.result as R) : returned.value;
+  };
   return Object.assign(wrapped, { outcome });
 }
 
 /**
- * The stored result of a `succeeded` outcome; every other outcome thrown as its
- * {@link OutcomeError}.
+ * `outcome` when it is `succeeded`; every other outcome is thrown as its
+ * {@link OutcomeError} (with the provider call's error as `cause` when there is one).
  */
-export function resultOf(outcome: Outcome): unknown {
+export function throwForOutcome(outcome: Outcome): Succeeded {
   switch (outcome.kind) {
     case "succeeded":
-      return outcome.result;
+      return outcome;
     case "failed_final":
-      throw new OperationFailedError(outcome);
+      throw new FailedFinalError(outcome);
     case "verification_required":
       throw new VerificationRequiredError(outcome);
     case "in_progress":
       throw new InProgressError(outcome);
     case "duplicate_intent_suspected":
-      throw new DuplicateIntentError(outcome);
+      throw new DuplicateIntentSuspectedError(outcome);
+  }
+}
+
+/** The JSON summary of an {@link Outcome}, for a program or an agent (snake_case, as the Python client's `to_dict()`). */
+export type OutcomeSummary =
+  | ({ outcome: "succeeded"; replayed: boolean; external_id: string | null; result: unknown } & OperationSummary)
+  | ({ outcome: "failed_final"; replayed: boolean; error_code: string | null } & OperationSummary)
+  | ({ outcome: "verification_required"; reported: boolean; error_code: string | null } & OperationSummary)
+  | ({ outcome: "in_progress"; retry_after: number } & OperationSummary)
+  | { outcome: "duplicate_intent_suspected"; duplicate_of_operation_key: string };
+
+/** The record's part of an {@link OutcomeSummary}. */
+export interface OperationSummary {
+  operation_key: string;
+  namespace: string;
+  /** `succeeded`, `failed_final`, `unknown`, `in_progress` or `pending`. */
+  status: string;
+  attempt_count: number;
+}
+
+function operationSummary(operation: Operation): OperationSummary {
+  return {
+    operation_key: operation.operationKey,
+    namespace: operation.namespace,
+    status: (OperationStatus[operation.status] ?? "unspecified").toLowerCase(),
+    attempt_count: operation.attemptCount,
+  };
+}
+
+/**
+ * A JSON-serializable summary of `outcome` (the journal record's bigint timestamps
+ * left out): `{ outcome, replayed, external_id, result, operation_key, namespace, status,
+ * attempt_count }` for a success, and likewise for the other kinds; `retry_after` is in
+ * seconds.
+ */
+export function summarizeOutcome(outcome: Outcome): OutcomeSummary {
+  switch (outcome.kind) {
+    case "succeeded":
+      return {
+        outcome: "succeeded",
+        replayed: outcome.replayed,
+        external_id: outcome.externalId ?? null,
+        result: outcome.result,
+        ...operationSummary(outcome.operation),
+      };
+    case "failed_final":
+      return {
+        outcome: "failed_final",
+        replayed: outcome.replayed,
+        error_code: outcome.errorCode ?? null,
+        ...operationSummary(outcome.operation),
+      };
+    case "verification_required":
+      return {
+        outcome: "verification_required",
+        reported: outcome.reported,
+        error_code: outcome.errorCode ?? null,
+        ...operationSummary(outcome.operation),
+      };
+    case "in_progress":
+      return { outcome: "in_progress", retry_after: outcome.retryAfterMs / 1000, ...operationSummary(outcome.operation) };
+    case "duplicate_intent_suspected":
+      return { outcome: "duplicate_intent_suspected", duplicate_of_operation_key: outcome.duplicateOfOperationKey };
   }
 }
 
@@ -182,10 +285,15 @@ export abstract class OutcomeError<O extends Outcome = Outcome> extends Error {
     this.outcome = outcome;
     this.operation = outcome.operation;
   }
+
+  /** The outcome's {@link summarizeOutcome | summary}, so that `JSON.stringify(error)` is useful. */
+  toJSON(): OutcomeSummary {
+    return summarizeOutcome(this.outcome);
+  }
 }
 
 /** `failed_final`: the provider proved that nothing happened; the intent is over. */
-export class OperationFailedError extends OutcomeError<FailedFinal> {
+export class FailedFinalError extends OutcomeError<FailedFinal> {
   /** The recorded error code, e.g. `"card_declined"`. */
   readonly errorCode: string | undefined;
   /** True when this was a replay of an earlier rejection. */
@@ -241,7 +349,7 @@ export class InProgressError extends OutcomeError<InProgress> {
  * `duplicate_intent_suspected`: the same payload is registered under another key
  * (`duplicateOfOperationKey`); nothing was registered or called.
  */
-export class DuplicateIntentError extends OutcomeError<DuplicateIntentSuspected> {
+export class DuplicateIntentSuspectedError extends OutcomeError<DuplicateIntentSuspected> {
   /** The key the same payload is registered under. */
   readonly duplicateOfOperationKey: string;
   constructor(outcome: DuplicateIntentSuspected) {

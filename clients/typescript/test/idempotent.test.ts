@@ -1,0 +1,256 @@
+/**
+ * `idempotent()` against the real server and sandbox: a wrapped function runs once per
+ * key, its errors are classified, the other outcomes are typed errors (or outcome objects),
+ * the waits end with another holder's or the reconciler's result, and a lost lease reaches
+ * the function as an aborted signal. `tests/typescript_client.rs` checks the rows and the
+ * provider's counts afterwards.
+ */
+
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+
+import {
+  currentCall,
+  DuplicateIntentSuspectedError,
+  FailedFinalError,
+  IdempotencyKeyReusedError,
+  idempotent,
+  InProgressError,
+  LeaseLostError,
+  summarizeOutcome,
+  VerificationRequiredError,
+  v1,
+} from "../src/index.js";
+import { connect, HttpError, PAY_817, Sandbox, waitFor } from "./harness.js";
+
+const journal = connect();
+const sandbox = new Sandbox();
+after(() => journal.close());
+
+interface Order {
+  order_id: string;
+  amount_minor: number;
+  currency: string;
+}
+
+type Payment = { id: string; status: string } & Record<string, unknown>;
+
+/** A payment function, counting its calls; `fault` is sent to the sandbox. */
+function paymentFunction(fault?: string): { calls: () => number; pay: (order: Order) => Promise<Payment> } {
+  let calls = 0;
+  return {
+    calls: () => calls,
+    pay: async (order) => {
+      calls += 1;
+      return (await sandbox.pay(currentCall().providerKey, order, { fault, timeoutMs: 1000 })) as Payment;
+    },
+  };
+}
+
+test("a wrapped function runs once per key and a repeat gets the same payment", async () => {
+  const provider = paymentFunction();
+  const createPayment = idempotent(provider.pay, {
+    journal,
+    actionType: "create_payment",
+    key: (order) => `ts:idem:order-${order.order_id}`,
+    payload: (order) => order,
+    externalId: (payment) => payment.id,
+  });
+  const order = { ...PAY_817, order_id: "idem-1" };
+
+  const first = await createPayment(order);
+  const again = await createPayment(order);
+  assert.equal(provider.calls(), 1);
+  assert.equal(again.id, first.id);
+  assert.equal(again.status, "succeeded");
+
+  const outcome = await createPayment.outcome(order);
+  assert.ok(outcome.kind === "succeeded");
+  assert.equal(outcome.replayed, true);
+  assert.equal(outcome.externalId, first.id);
+  assert.equal(provider.calls(), 1);
+  const summary = JSON.parse(JSON.stringify(summarizeOutcome(outcome)));
+  assert.deepEqual(
+    { ...summary, result: undefined },
+    {
+      outcome: "succeeded",
+      replayed: true,
+      external_id: first.id,
+      result: undefined,
+      operation_key: "ts:idem:order-idem-1",
+      namespace: "default",
+      status: "succeeded",
+      attempt_count: 1,
+    },
+  );
+
+  // The same key with another amount: a conflict, and the function is not called.
+  await assert.rejects(createPayment({ ...order, amount_minor: 1 }), IdempotencyKeyReusedError);
+  assert.equal(provider.calls(), 1);
+  assert.deepEqual(await sandbox.effects("ts:idem:order-idem-1"), { requests: 1, effects: 1, lookups: 0 });
+});
+
+test("the payload may leave out arguments that do not define the intent", async () => {
+  const provider = paymentFunction();
+  const createPayment = idempotent((order: Order, _traceId: string) => provider.pay(order), {
+    journal,
+    actionType: "create_payment",
+    key: "ts:idem:run-7:payment", // from the orchestrator's run, not from the arguments
+    payload: (order) => order,
+  });
+  const order = { ...PAY_817, order_id: "idem-2" };
+  const first = await createPayment(order, "trace-a");
+  const second = await createPayment(order, "trace-b");
+  assert.equal(second.id, first.id);
+  assert.equal(provider.calls(), 1);
+});
+
+test("a confirmed rejection from the classifier is FailedFinalError, now and on a replay", async () => {
+  const provider = paymentFunction("reject");
+  const createPayment = idempotent(provider.pay, {
+    journal,
+    actionType: "create_payment",
+    key: "ts:idem:declined",
+    classify: (error) =>
+      error instanceof HttpError && error.status === 402 ? { rejected: "card_declined" } : undefined,
+  });
+  const order = { ...PAY_817, order_id: "idem-3" };
+  await assert.rejects(createPayment(order), (error: unknown) => {
+    assert.ok(error instanceof FailedFinalError);
+    assert.equal(error.errorCode, "card_declined");
+    assert.equal(error.replayed, false);
+    assert.ok(error.cause instanceof HttpError);
+    return true;
+  });
+  await assert.rejects(createPayment(order), (error: unknown) => {
+    assert.ok(error instanceof FailedFinalError);
+    assert.equal(error.replayed, true);
+    assert.equal(error.toJSON().outcome, "failed_final");
+    return true;
+  });
+  assert.equal(provider.calls(), 1);
+});
+
+test("anything else is an unknown outcome: VerificationRequiredError, and no second call", async () => {
+  let calls = 0;
+  const sendEmail = idempotent(
+    async (_to: string) => {
+      calls += 1;
+      throw new Error("an error no classifier knows");
+    },
+    { journal, actionType: "create_payment", key: "ts:idem:unexpected" },
+  );
+  await assert.rejects(sendEmail("someone"), (error: unknown) => {
+    assert.ok(error instanceof VerificationRequiredError);
+    assert.equal(error.reported, true);
+    assert.equal(error.errorCode, "exception");
+    assert.match(error.message, /^verification required/);
+    return true;
+  });
+  const outcome = await sendEmail.outcome("someone");
+  assert.ok(outcome.kind === "verification_required");
+  assert.equal(outcome.reported, false);
+  assert.equal(calls, 1);
+
+  // An HTTP 5xx from the provider: unknown with the status as its code.
+  const provider = paymentFunction("fail-before-store");
+  const createPayment = idempotent(provider.pay, { journal, actionType: "create_payment", key: "ts:idem:http-503" });
+  await assert.rejects(createPayment({ ...PAY_817, order_id: "idem-4" }), (error: unknown) => {
+    assert.ok(error instanceof VerificationRequiredError);
+    assert.equal(error.errorCode, "http_503");
+    return true;
+  });
+});
+
+test("returns: 'outcome' answers every decision as an outcome object", async () => {
+  const provider = paymentFunction("reject");
+  const createPayment = idempotent(provider.pay, {
+    journal,
+    actionType: "create_payment",
+    key: "ts:idem:outcome-mode",
+    returns: "outcome",
+    classify: (error) => (error instanceof HttpError && error.status === 402 ? { rejected: "card_declined" } : undefined),
+  });
+  const outcome = await createPayment({ ...PAY_817, order_id: "idem-5" });
+  assert.equal(outcome.kind, "failed_final");
+});
+
+test("currentCall() outside a wrapped function throws", () => {
+  assert.throws(() => currentCall(), /only available inside/);
+});
+
+test("another holder's lease is InProgressError, and a wait ends with its result", async () => {
+  const key = "ts:idem:held";
+  const order = { ...PAY_817, order_id: "idem-6" };
+  const held = await journal.begin({ operationKey: key, actionType: "create_payment", payload: order });
+  assert.equal(held.decision, v1.Decision.EXECUTE);
+
+  const provider = paymentFunction();
+  const options = { journal, actionType: "create_payment", key, payload: (o: Order) => o };
+  await assert.rejects(idempotent(provider.pay, options)(order), (error: unknown) => {
+    assert.ok(error instanceof InProgressError);
+    assert.ok(error.retryAfterMs > 0);
+    return true;
+  });
+
+  // The holder finishes after 300 ms; a caller that waits gets its payment.
+  setTimeout(async () => {
+    const payment = await sandbox.pay(held.operation?.providerKey ?? "", order);
+    await journal.complete(held.leaseToken, { externalId: payment.id, result: payment });
+  }, 300);
+  const waited = await idempotent(provider.pay, { ...options, inProgressWaitMs: 15_000 })(order);
+  assert.equal(waited.status, "succeeded");
+  assert.equal(provider.calls(), 0);
+  assert.deepEqual(await sandbox.effects(key), { requests: 1, effects: 1, lookups: 0 });
+});
+
+test("settleWaitMs waits for the reconciler to settle a lost answer", async () => {
+  const key = "ts:idem:settled";
+  const provider = paymentFunction("commit-then-timeout");
+  const options = { journal, actionType: "create_payment", key, payload: (o: Order) => o };
+  const order = { ...PAY_817, order_id: "idem-7" };
+  await assert.rejects(idempotent(provider.pay, options)(order), VerificationRequiredError);
+
+  setTimeout(() => void journal.reconcile(key), 300);
+  const settled = await idempotent(provider.pay, { ...options, settleWaitMs: 15_000 })(order);
+  assert.equal(settled.status, "succeeded");
+  assert.equal(provider.calls(), 1);
+});
+
+test("a duplicate intent under a new key is DuplicateIntentSuspectedError", async () => {
+  const provider = paymentFunction();
+  const order = { ...PAY_817, order_id: "idem-8" };
+  const options = { journal, actionType: "create_payment_hold", payload: (o: Order) => o };
+  await idempotent(provider.pay, { ...options, key: "ts:idem:hold-1" })(order);
+  await assert.rejects(idempotent(provider.pay, { ...options, key: "ts:idem:hold-2" })(order), (error: unknown) => {
+    assert.ok(error instanceof DuplicateIntentSuspectedError);
+    assert.equal(error.duplicateOfOperationKey, "ts:idem:hold-1");
+    return true;
+  });
+  assert.equal(provider.calls(), 1);
+});
+
+test("a lease that ends during the call aborts currentCall().signal with LeaseLostError", async () => {
+  let aborted: unknown;
+  const slow = idempotent(
+    async () => {
+      const call = currentCall();
+      // Block the event loop past the 1 s lease: no renewal can run, the lease ends.
+      const until = Date.now() + 1500;
+      while (Date.now() < until) {
+        // busy
+      }
+      await waitFor("the renewal to report the lost lease", async () => (call.signal.aborted ? true : undefined), 10);
+      aborted = call.signal.reason;
+      throw aborted;
+    },
+    { journal, actionType: "create_payment_dedup", key: "ts:idem:lease-lost", leaseSeconds: 1 },
+  );
+  // Nobody took the lease over, so the journal still takes this holder's report: unknown.
+  await assert.rejects(slow(), (error: unknown) => {
+    assert.ok(error instanceof VerificationRequiredError);
+    assert.equal(error.errorCode, "lease_lost");
+    return true;
+  });
+  assert.ok(aborted instanceof LeaseLostError);
+});
