@@ -1,0 +1,129 @@
+//! Every client runs `clients/scenarios.yaml` — one behaviour written once — against the real
+//! server and the real sandbox provider, so the clients cannot drift apart. Each runner checks
+//! its own answers; afterwards this test reads the journal rows and the provider's effect
+//! counts itself and holds them against each scenario's `final`.
+//!
+//! The runners reach a journal server that the harness can restart (the scenario of a report
+//! whose answer is lost while the journal restarts) and a control endpoint through which a
+//! scenario makes another holder appear, a lease be taken over or a reconcile run.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+#[path = "scenarios/harness.rs"]
+mod harness;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::TestApp;
+use common::client_suites::{repo, tool};
+use harness::{RestartableServer, check_finals, spawn_control};
+use sqlx::PgPool;
+
+/// The app, the restartable server the runners use, and the control endpoint's URL.
+async fn stand(pool: PgPool) -> (TestApp, Arc<RestartableServer>, String) {
+    let app = TestApp::spawn(pool).await;
+    let server = RestartableServer::start(&app).await;
+    let control = spawn_control(&app, server.clone()).await;
+    (app, server, control)
+}
+
+/// Runs one language's runner as a child process with the scenario environment and asserts
+/// that it exited 0; returns its output.
+async fn run_runner(
+    server: &RestartableServer,
+    app: &TestApp,
+    control: &str,
+    prefix: &str,
+    command: (&Path, &[&str]),
+    dir: &Path,
+    setup: &str,
+) -> String {
+    let (program, args) = command;
+    let child = tokio::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .env("OPJOURNAL_TEST_SERVER", server.addr.to_string())
+        .env("OPJOURNAL_TEST_SANDBOX_URL", &app.sandbox_url)
+        .env("OPJOURNAL_TEST_CONTROL_URL", control)
+        .env("OPJOURNAL_SCENARIO_PREFIX", prefix)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(300), child)
+        .await
+        .unwrap_or_else(|_| panic!("{} {args:?} did not finish in 300 s", program.display()))
+        .unwrap_or_else(|error| panic!("cannot run {} ({error}); {setup}", program.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{} {args:?} failed ({}):\n{stdout}\n{stderr}\n(environment: {setup})",
+        program.display(),
+        output.status
+    );
+    stdout
+}
+
+fn assert_finals(prefix: &str, mismatches: &[String]) {
+    assert!(
+        mismatches.is_empty(),
+        "the journal or the provider disagrees with clients/scenarios.yaml for {prefix}:\n{}",
+        mismatches.join("\n")
+    );
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_clients_sync_and_asyncio_pass_every_scenario(pool: PgPool) {
+    let (app, server, control) = stand(pool).await;
+    let python = tool(
+        "OPJOURNAL_TEST_CLIENT_PYTHON",
+        "target/python-client-venv/bin/python",
+        "python3",
+    );
+    let args = ["-m", "pytest", "-q", "-rA", "tests/test_scenarios.py"];
+    let stdout = run_runner(
+        &server,
+        &app,
+        &control,
+        "py",
+        (&python, &args),
+        &repo().join("clients/python"),
+        "./scripts/test prepares it with scripts/client-envs python",
+    )
+    .await;
+    let summary = stdout.lines().rev().find(|line| !line.trim().is_empty());
+    assert!(
+        summary.is_some_and(|line| line.contains(" passed") && !line.contains("skipped")),
+        "pytest did not pass every scenario:\n{stdout}"
+    );
+    assert_finals("py-sync", &check_finals(&app, "py-sync").await);
+    assert_finals("py-async", &check_finals(&app, "py-async").await);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_typescript_client_passes_every_scenario(pool: PgPool) {
+    let (app, server, control) = stand(pool).await;
+    let node = std::env::var_os("OPJOURNAL_TEST_NODE").map_or_else(|| "node".into(), PathBuf::from);
+    let compiled = "dist/test/scenarios.test.js";
+    let args = ["--test", "--test-reporter=spec", compiled];
+    let stdout = run_runner(
+        &server,
+        &app,
+        &control,
+        "ts",
+        (&node, &args),
+        &repo().join("clients/typescript"),
+        "./scripts/test prepares it with scripts/client-envs typescript",
+    )
+    .await;
+    assert!(stdout.contains("ℹ pass "), "{stdout}");
+    for line in ["ℹ fail 0", "ℹ skipped 0", "ℹ todo 0", "ℹ cancelled 0"] {
+        assert!(
+            stdout.contains(line),
+            "node --test did not say '{line}':\n{stdout}"
+        );
+    }
+    assert_finals("ts", &check_finals(&app, "ts").await);
+}
