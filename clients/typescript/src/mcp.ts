@@ -67,14 +67,20 @@ export const LIFTED_KEY_META = "dev.opjournal/idempotencyKey";
  * through unchanged. Use it as `server.connect(withIdempotencyKeys(transport))`.
  */
 export function withIdempotencyKeys<T extends Transport>(transport: T): T {
+  const handlers = new Set<PropertyKey>(["onmessage", "onclose", "onerror"]);
   return new Proxy(transport, {
-    set(target, property, value, receiver) {
+    // Methods run on the transport itself (so that its own private state works).
+    get(target, property) {
+      const value: unknown = Reflect.get(target, property, target);
+      return typeof value === "function" && !handlers.has(property) ? value.bind(target) : value;
+    },
+    set(target, property, value) {
       if (property === "onmessage" && typeof value === "function") {
         const deliver = value as NonNullable<Transport["onmessage"]>;
         const lifting: Transport["onmessage"] = (message, extra) => deliver(lift(message), extra);
-        return Reflect.set(target, property, lifting, receiver);
+        return Reflect.set(target, property, lifting);
       }
-      return Reflect.set(target, property, value, receiver);
+      return Reflect.set(target, property, value);
     },
   });
 }
