@@ -161,17 +161,29 @@ async fn the_typescript_idempotent_wrapper_runs_each_intent_once(pool: PgPool) {
         ("ts:idem:http-503", "http_503"),
         ("ts:idem:lease-lost", "lease_lost"),
     ] {
-        assert_eq!(state(&app, key).await, is("unknown", 1, Some(code)), "{key}");
+        assert_eq!(
+            state(&app, key).await,
+            is("unknown", 1, Some(code)),
+            "{key}"
+        );
     }
     assert_eq!(app.counts("ts:idem:unexpected").requests, 0);
-    assert_eq!(app.rows_for("ts:idem:hold-2").await, 0, "the duplicate was held");
+    assert_eq!(
+        app.rows_for("ts:idem:hold-2").await,
+        0,
+        "the duplicate was held"
+    );
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn journaled_mcp_tools_pay_once_when_the_client_retries(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let example = repo().join("examples/agents/typescript/dist/main.js");
-    assert!(example.exists(), "{} is missing; {SETUP}", example.display());
+    assert!(
+        example.exists(),
+        "{} is missing; {SETUP}",
+        example.display()
+    );
     node_test(&app, "mcp.test.js").await;
 
     let lost = "mcp:create_payment:9b2f0c6e-lost-answer";
