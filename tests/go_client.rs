@@ -1,0 +1,73 @@
+//! The Go client (clients/go) against the real server and sandbox: its own `go test` tests
+//! run as a child process, then these tests check the journal rows and the provider's effect
+//! counts from Rust. The Go toolchain and libraries are Debian packages, built offline:
+//! `scripts/go-env install` installs them and `scripts/go-env run` runs a command with them.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use common::client_suites::{repo, row, run_suite};
+use common::*;
+use sqlx::PgPool;
+
+const SETUP: &str = "scripts/go-env install prepares it (Debian packages: Go, grpc-go, protoc)";
+
+/// Runs the Go tests whose names match `pattern` with `go test -v`; asserts that each of
+/// `tests` ran and passed and that none was skipped.
+async fn go_test(app: &TestApp, pattern: &str, tests: &[&str]) -> String {
+    let go_env = repo().join("scripts/go-env");
+    let args = ["run", "go", "test", "-count=1", "-v", "-run", pattern, "."];
+    let stdout = run_suite(app, &go_env, &args, &repo().join("clients/go"), SETUP).await;
+    for test in tests {
+        assert!(
+            stdout.contains(&format!("--- PASS: {test} ")),
+            "go test did not pass {test}:\n{stdout}"
+        );
+    }
+    assert!(!stdout.contains("--- SKIP"), "go test skipped a test:\n{stdout}");
+    assert!(!stdout.contains("--- FAIL"), "{stdout}");
+    stdout
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_go_client_decodes_typed_errors_and_renews_and_loses_leases(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    go_test(
+        &app,
+        "^TestClient",
+        &[
+            "TestClientDecodesTypedErrors",
+            "TestClientGivesEveryCallADeadline",
+            "TestClientRenewsTheLeaseDuringALongCall",
+            "TestClientCancelsTheProviderCallWhenTheLeaseIsLost",
+        ],
+    )
+    .await;
+
+    // A reused key with another payload never reached the provider.
+    let conflict = row(&app, "go:errors:conflict").await.unwrap();
+    assert_eq!(
+        (conflict.status.as_str(), conflict.attempt_count),
+        ("succeeded", 1)
+    );
+    let counts = app.counts("go:errors:conflict");
+    assert_eq!((counts.requests, counts.effects), (1, 1));
+    // A malformed payload registered nothing.
+    assert!(row(&app, "go:errors:bad-payload").await.is_none());
+
+    // Renewed: one lease, one effect.
+    let renewed = row(&app, "go:leases:renewed").await.unwrap();
+    assert_eq!(
+        (renewed.status.as_str(), renewed.attempt_count),
+        ("succeeded", 1)
+    );
+    let counts = app.counts("go:leases:renewed");
+    assert_eq!((counts.requests, counts.effects), (1, 1));
+
+    // Lost: the new holder completed; the provider saw two requests and made one effect.
+    let lost = row(&app, "go:leases:lost").await.unwrap();
+    assert_eq!((lost.status.as_str(), lost.attempt_count), ("succeeded", 2));
+    let counts = app.counts("go:leases:lost");
+    assert_eq!((counts.requests, counts.effects), (2, 1));
+}
