@@ -12,7 +12,8 @@ pub mod api;
 pub mod app;
 pub mod children;
 pub mod cli;
-pub mod client;
+/// The Rust client, the `opjournal-client` crate, under its former path.
+pub use opjournal_client as client;
 pub mod config;
 pub mod domain;
 pub mod journal;

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use opjournal::client::{
+use opjournal::proto::OperationStatus;
+use opjournal_client::{
     Begun, ErrorReason, Executed, Intent, JournalClient, ProviderCall, ProviderOutcome,
 };
-use opjournal::proto::OperationStatus;
 use serde_json::json;
 use sqlx::PgPool;
 use tonic::Code;

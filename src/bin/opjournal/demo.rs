@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use opjournal::children::Process;
+use opjournal::client::proto::{self, OperationStatus};
 use opjournal::client::{Begun, ErrorReason, Intent, JournalClient};
-use opjournal::proto::{self, OperationStatus};
 use serde_json::json;
 
 /// The article's idempotency key.

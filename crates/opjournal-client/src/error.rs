@@ -1,0 +1,280 @@
+//! Typed errors: the `google.rpc.ErrorInfo` reason of every journal status, decoded.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use tonic::{Code, Status};
+use tonic_types::StatusExt as _;
+
+/// A failed call, decoded from the status's `google.rpc.ErrorInfo` and `BadRequest`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{code:?} {reason}: {message}")]
+pub struct ClientError {
+    /// The gRPC code.
+    pub code: Code,
+    /// The `ErrorInfo.reason`, typed.
+    pub reason: ErrorReason,
+    /// The server's message (never carries payloads or keys).
+    pub message: String,
+    /// `BadRequest` field violations as (field, description).
+    pub field_violations: Vec<(String, String)>,
+    /// `RetryInfo.retry_delay`, when the server suggests one.
+    pub retry_after: Option<Duration>,
+    /// `ErrorInfo.metadata` (e.g. `json_pointer`, `current_status`).
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl ClientError {
+    fn local(code: Code, reason: ErrorReason, message: String) -> Self {
+        Self {
+            code,
+            reason,
+            message,
+            field_violations: Vec::new(),
+            retry_after: None,
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn transport(code: Code, err: impl fmt::Display) -> Self {
+        Self::local(code, ErrorReason::Transport, err.to_string())
+    }
+
+    /// The call got no answer within the client's deadline.
+    pub(crate) fn deadline(timeout: Duration) -> Self {
+        Self::local(
+            Code::DeadlineExceeded,
+            ErrorReason::Transport,
+            format!("no answer within the call deadline of {timeout:?}"),
+        )
+    }
+
+    pub(crate) fn malformed(message: &str) -> Self {
+        Self::local(
+            Code::Internal,
+            ErrorReason::Other("MALFORMED_RESPONSE".into()),
+            message.to_owned(),
+        )
+    }
+
+    /// The payload could not be made into JSON on this side (never sent).
+    pub(crate) fn unserializable_payload() -> Self {
+        Self::local(
+            Code::InvalidArgument,
+            ErrorReason::InvalidPayload,
+            "the arguments could not be serialized as a JSON payload".into(),
+        )
+    }
+
+    /// Whether the same call may simply be sent again because its answer was lost or the
+    /// server could not act yet: `UNAVAILABLE` (unreachable server, `STORE_UNAVAILABLE`),
+    /// `CANCELLED` and `DEADLINE_EXCEEDED` whatever the reason, `UNKNOWN` without an
+    /// `ErrorInfo` (a broken connection), and `ABORTED`/`CONCURRENT_MODIFICATION`.
+    /// Business answers (`LEASE_LOST`, `IDEMPOTENCY_KEY_REUSED`, ...) are never transient.
+    pub fn is_transient(&self) -> bool {
+        match self.code {
+            Code::Unavailable | Code::Cancelled | Code::DeadlineExceeded => true,
+            Code::Unknown => self.reason == ErrorReason::Transport,
+            Code::Aborted => self.reason == ErrorReason::ConcurrentModification,
+            _ => false,
+        }
+    }
+}
+
+impl From<Status> for ClientError {
+    fn from(status: Status) -> Self {
+        let details = status.get_error_details();
+        let (reason, metadata) = match details.error_info() {
+            Some(info) => (
+                info.reason
+                    .parse()
+                    .unwrap_or_else(|_| ErrorReason::Other(info.reason.clone())),
+                info.metadata.clone().into_iter().collect(),
+            ),
+            // No ErrorInfo: the status was made by the transport (connection refused,
+            // message too large), not by the journal.
+            None => (ErrorReason::Transport, BTreeMap::new()),
+        };
+        let field_violations = details
+            .bad_request()
+            .map(|bad| {
+                bad.field_violations
+                    .iter()
+                    .map(|v| (v.field.clone(), v.description.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            code: status.code(),
+            reason,
+            message: status.message().to_owned(),
+            field_violations,
+            retry_after: details.retry_info().and_then(|info| info.retry_delay),
+            metadata,
+        }
+    }
+}
+
+/// The stable `ErrorInfo.reason` values of the journal (domain `opjournal.dev`), typed.
+/// The catalog with what a client should do for each is in docs/errors.md.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorReason {
+    /// `ALREADY_EXISTS`: the key is bound to another payload or action type. Stop: a bug or
+    /// a new intent that needs a new key.
+    IdempotencyKeyReused,
+    /// `ABORTED`: a later lease exists (fencing), or (RenewLease) the lease has ended; this
+    /// holder must not report.
+    LeaseLost,
+    /// `ABORTED`: the row kept changing under concurrent claims; retry the same call.
+    ConcurrentModification,
+    /// `FAILED_PRECONDITION`: another outcome was recorded for this attempt.
+    OutcomeAlreadyRecorded,
+    /// `NOT_FOUND`: no such operation.
+    OperationNotFound,
+    /// `UNAVAILABLE`: the journal's database is unreachable; retry the same call.
+    StoreUnavailable,
+    /// `INVALID_ARGUMENT`: the lease token is not one the server issued.
+    InvalidLeaseToken,
+    /// `INVALID_ARGUMENT`: the payload is not I-JSON (or, made on this side, could not be
+    /// serialized at all).
+    InvalidPayload,
+    /// `INVALID_ARGUMENT`: the key looks like it carries personal data.
+    KeyContainsSensitiveData,
+    /// `FAILED_PRECONDITION`: the action type is not in the policy file.
+    ActionTypeNotConfigured,
+    /// `UNAUTHENTICATED`: no token.
+    MissingCredentials,
+    /// `UNAUTHENTICATED`: an unknown token.
+    InvalidCredentials,
+    /// `PERMISSION_DENIED`: the token may not use this namespace.
+    NamespaceNotAllowed,
+    /// `PERMISSION_DENIED`: the token's role may not call this RPC.
+    RoleNotAllowed,
+    /// No `ErrorInfo`: the call failed in transport (unreachable server, no answer within
+    /// the deadline, oversized message).
+    Transport,
+    /// Any other reason, as sent.
+    Other(String),
+}
+
+impl ErrorReason {
+    const NAMED: [(&'static str, ErrorReason); 14] = [
+        ("IDEMPOTENCY_KEY_REUSED", Self::IdempotencyKeyReused),
+        ("LEASE_LOST", Self::LeaseLost),
+        ("CONCURRENT_MODIFICATION", Self::ConcurrentModification),
+        ("OUTCOME_ALREADY_RECORDED", Self::OutcomeAlreadyRecorded),
+        ("OPERATION_NOT_FOUND", Self::OperationNotFound),
+        ("STORE_UNAVAILABLE", Self::StoreUnavailable),
+        ("INVALID_LEASE_TOKEN", Self::InvalidLeaseToken),
+        ("INVALID_PAYLOAD", Self::InvalidPayload),
+        (
+            "KEY_CONTAINS_SENSITIVE_DATA",
+            Self::KeyContainsSensitiveData,
+        ),
+        ("ACTION_TYPE_NOT_CONFIGURED", Self::ActionTypeNotConfigured),
+        ("MISSING_CREDENTIALS", Self::MissingCredentials),
+        ("INVALID_CREDENTIALS", Self::InvalidCredentials),
+        ("NAMESPACE_NOT_ALLOWED", Self::NamespaceNotAllowed),
+        ("ROLE_NOT_ALLOWED", Self::RoleNotAllowed),
+    ];
+
+    /// The reason as sent on the wire (`TRANSPORT` when there was no `ErrorInfo`).
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Transport => "TRANSPORT",
+            Self::Other(reason) => reason,
+            known => Self::NAMED
+                .iter()
+                .find(|(_, reason)| reason == known)
+                .map_or("", |(name, _)| name),
+        }
+    }
+}
+
+impl FromStr for ErrorReason {
+    type Err = std::convert::Infallible;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        Ok(Self::NAMED
+            .iter()
+            .find(|(name, _)| *name == value)
+            .map_or_else(
+                || Self::Other(value.to_owned()),
+                |(_, reason)| reason.clone(),
+            ))
+    }
+}
+
+impl fmt::Display for ErrorReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_round_trip_through_their_wire_names() {
+        for (name, reason) in ErrorReason::NAMED {
+            assert_eq!(name.parse::<ErrorReason>().unwrap(), reason);
+            assert_eq!(reason.as_str(), name);
+        }
+        assert_eq!(
+            "SOMETHING_NEW".parse::<ErrorReason>().unwrap(),
+            ErrorReason::Other("SOMETHING_NEW".into())
+        );
+    }
+
+    #[test]
+    fn a_journal_status_decodes_into_a_typed_reason_with_details() {
+        let mut details = tonic_types::ErrorDetails::with_error_info(
+            "LEASE_LOST",
+            "opjournal.dev",
+            [("current_attempt".to_owned(), "2".to_owned())],
+        );
+        details.set_retry_info(Some(Duration::from_secs(3)));
+        let status = Status::with_error_details(Code::Aborted, "lease lost", details);
+        let error = ClientError::from(status);
+        assert_eq!(error.code, Code::Aborted);
+        assert_eq!(error.reason, ErrorReason::LeaseLost);
+        assert_eq!(error.retry_after, Some(Duration::from_secs(3)));
+        assert_eq!(error.metadata["current_attempt"], "2");
+        assert!(!error.is_transient());
+    }
+
+    #[test]
+    fn a_status_without_error_info_is_a_transport_failure() {
+        let error = ClientError::from(Status::unavailable("connection refused"));
+        assert_eq!(error.reason, ErrorReason::Transport);
+        assert!(error.is_transient());
+    }
+
+    #[test]
+    fn lost_answers_are_transient_and_business_answers_are_not() {
+        for code in [Code::Unavailable, Code::Cancelled, Code::DeadlineExceeded] {
+            assert!(
+                ClientError::from(Status::new(code, "")).is_transient(),
+                "{code:?}"
+            );
+        }
+        assert!(ClientError::from(Status::unknown("connection reset")).is_transient());
+        assert!(ClientError::deadline(Duration::from_secs(1)).is_transient());
+        let business = |code, reason: &str| {
+            let details = tonic_types::ErrorDetails::with_error_info(
+                reason,
+                "opjournal.dev",
+                std::collections::HashMap::new(),
+            );
+            ClientError::from(Status::with_error_details(code, "", details))
+        };
+        assert!(business(Code::Aborted, "CONCURRENT_MODIFICATION").is_transient());
+        assert!(!business(Code::AlreadyExists, "IDEMPOTENCY_KEY_REUSED").is_transient());
+        assert!(!business(Code::FailedPrecondition, "OUTCOME_ALREADY_RECORDED").is_transient());
+        assert!(!business(Code::Unknown, "SOMETHING_NEW").is_transient());
+    }
+}

@@ -1,0 +1,536 @@
+//! [`JournalClient::execute`]: the source article's `executeOperation` (step 6), done once,
+//! correctly, for every orchestrator written in Rust.
+//!
+//! Why each step is the way it is:
+//! - Only `EXECUTE` allows the provider call. A replay returns the stored outcome; another
+//!   holder's live lease and an unknown outcome are answers, not errors, and call nothing.
+//!   Both may be waited out up to a caller's deadline ([`ExecuteOptions`]).
+//! - The lease is renewed while the provider call runs, so a long call is not taken over.
+//!   If a renewal is refused with `LEASE_LOST`, someone else now holds the operation: the
+//!   call sees it through [`ProviderCall::lease_lost`] and should stop if it still can.
+//! - A report whose answer was lost (unreachable server, `CANCELLED`, a missed deadline) is
+//!   repeated with the same fencing token and the same outcome: the server answers a repeat
+//!   with the record it already holds, so repeating is safe, and giving up would leave an
+//!   effect the journal does not know of.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
+
+use backon::{ExponentialBuilder, Retryable as _};
+use futures::FutureExt as _;
+use tokio::sync::watch;
+
+use crate::client::JournalClient;
+use crate::error::{ClientError, ErrorReason};
+use crate::intent::{Begun, Intent, Lease};
+use crate::proto::{self, Operation};
+use crate::provider::ProviderOutcome;
+
+/// How often a lease is renewed while the provider call runs, as a fraction of its length.
+const RENEW_FRACTION: u32 = 3;
+/// The first and the longest pause between two Begins while waiting.
+const FIRST_POLL: Duration = Duration::from_millis(200);
+const LONGEST_POLL: Duration = Duration::from_secs(2);
+
+/// How [`JournalClient::execute_with`] treats answers that call nothing. The default waits
+/// for nothing: `IN_PROGRESS` and `VERIFICATION_REQUIRED` are returned at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExecuteOptions {
+    /// How long to wait, from the start of the call, while another holder's lease is live:
+    /// Begin is asked again with backoff (200 ms doubling to 2 s), never later than the
+    /// `retry_after` the server gave, until another decision or the deadline. Then
+    /// [`Executed::InProgress`].
+    pub in_progress_wait: Duration,
+    /// How long to wait, from the start of the call, for the reconciler to settle an
+    /// `unknown` operation: Begin is asked again with the same backoff until it replays the
+    /// settled outcome, allows a new attempt (the effect was proven absent), or the
+    /// deadline passes. Then [`Executed::VerificationRequired`].
+    pub settle_wait: Duration,
+}
+
+impl ExecuteOptions {
+    /// Options that wait for nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same options waiting up to `deadline` for another holder's lease.
+    #[must_use]
+    pub fn wait_in_progress(mut self, deadline: Duration) -> Self {
+        self.in_progress_wait = deadline;
+        self
+    }
+
+    /// The same options waiting up to `deadline` for an unknown outcome to be settled.
+    #[must_use]
+    pub fn wait_settled(mut self, deadline: Duration) -> Self {
+        self.settle_wait = deadline;
+        self
+    }
+}
+
+/// What [`JournalClient::execute`] hands the provider call.
+#[derive(Debug, Clone)]
+pub struct ProviderCall {
+    /// The idempotency key to send to the provider (the operation key, prefixed by the
+    /// namespace outside `default`).
+    pub provider_key: String,
+    /// The journal's idempotency key.
+    pub operation_key: String,
+    /// The lease number (1 for the first attempt).
+    pub attempt: i32,
+    lease_lost: watch::Receiver<bool>,
+}
+
+impl ProviderCall {
+    /// Whether a lease renewal was refused with `LEASE_LOST`: another holder now owns the
+    /// operation, and this call's report will be refused.
+    pub fn is_lease_lost(&self) -> bool {
+        *self.lease_lost.borrow()
+    }
+
+    /// Resolves when a lease renewal is refused with `LEASE_LOST` (never, if the lease
+    /// holds). Race it against the provider call (`tokio::select!`) to stop work that has
+    /// not reached the provider yet. The future owns what it needs: it may be spawned.
+    pub fn lease_lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut lost = self.lease_lost.clone();
+        async move {
+            if lost.wait_for(|lost| *lost).await.is_err() {
+                // The call is over and the lease never got lost.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// Where an [`JournalClient::execute`] ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Executed {
+    /// Succeeded; the stored result is `operation.result_json`.
+    Succeeded {
+        /// The record.
+        operation: Operation,
+        /// Whether this is a replay of an earlier execution (no provider call now).
+        replayed: bool,
+    },
+    /// Confirmed rejection; `operation.error_code` says why.
+    FailedFinal {
+        /// The record.
+        operation: Operation,
+        /// Whether this is a replay of an earlier execution.
+        replayed: bool,
+    },
+    /// The outcome is unknown; do not retry until reconciliation settles it.
+    VerificationRequired {
+        /// The record, `unknown` (or `in_progress` with an ended lease).
+        operation: Operation,
+    },
+    /// Another caller holds the lease; ask again after `retry_after`.
+    InProgress {
+        /// The record.
+        operation: Operation,
+        /// Until the current lease ends.
+        retry_after: Duration,
+    },
+    /// Held by the duplicate-intent policy; nothing was registered or called.
+    DuplicateIntentSuspected {
+        /// The key the same request is registered under.
+        duplicate_of_operation_key: String,
+    },
+}
+
+impl Executed {
+    fn from_terminal(operation: Operation, replayed: bool) -> Self {
+        if operation.status == proto::OperationStatus::Succeeded as i32 {
+            Self::Succeeded {
+                operation,
+                replayed,
+            }
+        } else {
+            Self::FailedFinal {
+                operation,
+                replayed,
+            }
+        }
+    }
+
+    /// The outcome's name: `succeeded`, `failed_final`, `verification_required`,
+    /// `in_progress` or `duplicate_intent_suspected`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::Succeeded { .. } => "succeeded",
+            Self::FailedFinal { .. } => "failed_final",
+            Self::VerificationRequired { .. } => "verification_required",
+            Self::InProgress { .. } => "in_progress",
+            Self::DuplicateIntentSuspected { .. } => "duplicate_intent_suspected",
+        }
+    }
+
+    /// The record, for every outcome but [`Executed::DuplicateIntentSuspected`].
+    pub fn operation(&self) -> Option<&Operation> {
+        match self {
+            Self::Succeeded { operation, .. }
+            | Self::FailedFinal { operation, .. }
+            | Self::VerificationRequired { operation }
+            | Self::InProgress { operation, .. } => Some(operation),
+            Self::DuplicateIntentSuspected { .. } => None,
+        }
+    }
+
+    /// The stored result of a success, parsed (`None` otherwise or when none was kept).
+    pub fn result(&self) -> Option<serde_json::Value> {
+        match self {
+            Self::Succeeded { operation, .. } => operation
+                .result_json
+                .as_deref()
+                .and_then(|json| serde_json::from_str(json).ok()),
+            _ => None,
+        }
+    }
+
+    /// The outcome as JSON a program or a model can read, e.g. as a tool's answer:
+    /// `outcome`, `replayed`, `external_id`, `result`, `error_code`, `retry_after_ms`, and
+    /// `advice`, one sentence on what to do next. Keys and payloads are left out.
+    pub fn to_json(&self) -> serde_json::Value {
+        let operation = self.operation();
+        let mut json = serde_json::json!({
+            "outcome": self.outcome(),
+            "advice": self.advice(),
+        });
+        let fields = json.as_object_mut().expect("an object");
+        if let Self::Succeeded { replayed, .. } | Self::FailedFinal { replayed, .. } = self {
+            fields.insert("replayed".into(), (*replayed).into());
+        }
+        if let Some(external_id) = operation.and_then(|op| op.external_id.clone()) {
+            fields.insert("external_id".into(), external_id.into());
+        }
+        if let Some(result) = self.result() {
+            fields.insert("result".into(), result);
+        }
+        if let Some(error_code) = operation.and_then(|op| op.error_code.clone()) {
+            fields.insert("error_code".into(), error_code.into());
+        }
+        if let Self::InProgress { retry_after, .. } = self {
+            let millis = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+            fields.insert("retry_after_ms".into(), millis.into());
+        }
+        json
+    }
+
+    fn advice(&self) -> &'static str {
+        match self {
+            Self::Succeeded { .. } => "done; do not repeat this action",
+            Self::FailedFinal { .. } => {
+                "the provider refused; nothing happened; a new attempt needs a new intent"
+            }
+            Self::VerificationRequired { .. } => {
+                "the outcome is not known yet; do not repeat; it is being verified with the provider"
+            }
+            Self::InProgress { .. } => {
+                "another worker is performing this action; ask again later; do not repeat it"
+            }
+            Self::DuplicateIntentSuspected { .. } => {
+                "the same request is already registered under another key; nothing was done"
+            }
+        }
+    }
+}
+
+impl JournalClient {
+    /// The source article's `executeOperation` with [`ExecuteOptions::default`]: waits for
+    /// nothing. See [`Self::execute_with`].
+    pub async fn execute<F, Fut>(&self, intent: Intent, call: F) -> Result<Executed, ClientError>
+    where
+        F: FnOnce(ProviderCall) -> Fut,
+        Fut: Future<Output = ProviderOutcome>,
+    {
+        self.execute_with(intent, &ExecuteOptions::default(), call)
+            .await
+    }
+
+    /// Begins the intent; on `EXECUTE` runs `call` with the key the provider must receive,
+    /// renewing the lease every third of its length while the call runs, and records what
+    /// `call` says happened; on `REPLAY` returns the stored outcome without calling;
+    /// `IN_PROGRESS` and `VERIFICATION_REQUIRED` are waited out as `options` say.
+    ///
+    /// `call` must classify honestly: [`ProviderOutcome::Rejected`] only when the provider
+    /// confirmed that nothing happened; a timeout, a reset, a 5xx or an answer it cannot
+    /// read is [`ProviderOutcome::Uncertain`] (a `Result<ProviderSuccess, ProviderError>`
+    /// converts with `.into()` under the safe default). A panic inside `call` is reported
+    /// as uncertain (`error_code` `client_panic`) and then resumed. If the `execute` future
+    /// is dropped mid-call nothing is reported: the lease ends and the operation needs
+    /// verification, exactly as after a crash.
+    ///
+    /// A report whose answer is lost is repeated with the same token and outcome, with
+    /// backoff, for up to [`Self::with_report_retry`]'s bound (30 s by default).
+    ///
+    /// Errors: those of [`Self::begin`]; `ABORTED`/[`ErrorReason::LeaseLost`] when the lease
+    /// was taken over while `call` ran (this holder's outcome is not recorded; the effect,
+    /// if any, is settled by whoever holds the operation now or by reconciliation; begin
+    /// the same intent again to see where it stands); a report still unanswered at the
+    /// bound (its transient error).
+    ///
+    /// [`ProviderSuccess`]: crate::ProviderSuccess
+    /// [`ProviderError`]: crate::ProviderError
+    pub async fn execute_with<F, Fut>(
+        &self,
+        intent: Intent,
+        options: &ExecuteOptions,
+        call: F,
+    ) -> Result<Executed, ClientError>
+    where
+        F: FnOnce(ProviderCall) -> Fut,
+        Fut: Future<Output = ProviderOutcome>,
+    {
+        let (operation, lease) = match self.begin_waiting(&intent, options).await? {
+            Begun::Execute { operation, lease } => (operation, lease),
+            Begun::Replay(operation) => return Ok(Executed::from_terminal(operation, true)),
+            Begun::InProgress {
+                operation,
+                retry_after,
+            } => {
+                return Ok(Executed::InProgress {
+                    operation,
+                    retry_after,
+                });
+            }
+            Begun::VerificationRequired(operation) => {
+                return Ok(Executed::VerificationRequired { operation });
+            }
+            Begun::DuplicateIntentSuspected {
+                duplicate_of_operation_key,
+            } => {
+                return Ok(Executed::DuplicateIntentSuspected {
+                    duplicate_of_operation_key,
+                });
+            }
+        };
+        let (lost_tx, lost_rx) = watch::channel(false);
+        let provider_call = ProviderCall {
+            provider_key: operation.provider_key.clone(),
+            operation_key: operation.operation_key.clone(),
+            attempt: operation.attempt_count,
+            lease_lost: lost_rx,
+        };
+        let length = lease_length(&operation);
+        let outcome = {
+            let call = AssertUnwindSafe(call(provider_call)).catch_unwind();
+            let renewals = self.renew_until_dropped(&lease, length, &lost_tx);
+            futures::pin_mut!(call, renewals);
+            match futures::future::select(call, renewals).await {
+                futures::future::Either::Left((outcome, _)) => outcome,
+                // Renewing never ends by itself.
+                futures::future::Either::Right(((), call)) => call.await,
+            }
+        };
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(panic) => {
+                // The provider may have acted before the panic: that is an unknown outcome.
+                let _ = self
+                    .report_with_retry(|| self.report_unknown(&lease, Some("client_panic")))
+                    .await;
+                std::panic::resume_unwind(panic);
+            }
+        };
+        self.report(&lease, outcome).await
+    }
+
+    /// Records `outcome` with `lease`, repeating a report whose answer was lost.
+    async fn report(
+        &self,
+        lease: &Lease,
+        outcome: ProviderOutcome,
+    ) -> Result<Executed, ClientError> {
+        match outcome {
+            ProviderOutcome::Succeeded {
+                external_id,
+                result,
+            } => {
+                let operation = self
+                    .report_with_retry(|| {
+                        self.complete(lease, external_id.as_deref(), result.as_ref())
+                    })
+                    .await?;
+                Ok(Executed::Succeeded {
+                    operation,
+                    replayed: false,
+                })
+            }
+            ProviderOutcome::Rejected { error_code } => {
+                let operation = self
+                    .report_with_retry(|| self.fail(lease, &error_code))
+                    .await?;
+                Ok(Executed::FailedFinal {
+                    operation,
+                    replayed: false,
+                })
+            }
+            ProviderOutcome::Uncertain { error_code } => {
+                let operation = self
+                    .report_with_retry(|| self.report_unknown(lease, error_code.as_deref()))
+                    .await?;
+                Ok(Executed::VerificationRequired { operation })
+            }
+        }
+    }
+
+    /// Begins `intent`, asking again while the answer is one `options` wait for.
+    async fn begin_waiting(
+        &self,
+        intent: &Intent,
+        options: &ExecuteOptions,
+    ) -> Result<Begun, ClientError> {
+        let started = Instant::now();
+        let mut poll = FIRST_POLL;
+        loop {
+            let begun = self.begin(intent).await?;
+            let (deadline, retry_after) = match &begun {
+                Begun::InProgress { retry_after, .. } => {
+                    (options.in_progress_wait, Some(*retry_after))
+                }
+                Begun::VerificationRequired(_) => (options.settle_wait, None),
+                _ => return Ok(begun),
+            };
+            let left = deadline.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Ok(begun);
+            }
+            let mut pause = poll.min(left);
+            if let Some(retry_after) = retry_after {
+                pause = pause.min(retry_after.max(Duration::from_millis(50)));
+            }
+            tokio::time::sleep(pause).await;
+            poll = (poll * 2).min(LONGEST_POLL);
+        }
+    }
+
+    /// Renews `lease` every third of `length`; never returns. A lost lease stops renewing
+    /// and raises `lost`; a transient failure is tried again at the next tick.
+    async fn renew_until_dropped(
+        &self,
+        lease: &Lease,
+        length: Duration,
+        lost: &watch::Sender<bool>,
+    ) {
+        let every = (length / RENEW_FRACTION).max(Duration::from_millis(500));
+        loop {
+            tokio::time::sleep(every).await;
+            match self.renew(lease, length).await {
+                Ok(_) => {}
+                Err(err) if err.reason == ErrorReason::LeaseLost => {
+                    tracing::warn!(reason = %err.reason, "lease lost while the provider call ran");
+                    lost.send_replace(true);
+                    std::future::pending::<()>().await;
+                }
+                Err(err) => {
+                    tracing::warn!(code = ?err.code, reason = %err.reason, "lease renewal failed; will try again")
+                }
+            }
+        }
+    }
+
+    async fn report_with_retry<'a, Fut>(
+        &'a self,
+        report: impl FnMut() -> Fut,
+    ) -> Result<Operation, ClientError>
+    where
+        Fut: Future<Output = Result<Operation, ClientError>> + 'a,
+    {
+        report
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(100))
+                    .with_max_delay(Duration::from_secs(2))
+                    .with_total_delay(Some(self.report_retry_for))
+                    .without_max_times()
+                    .with_jitter(),
+            )
+            .when(ClientError::is_transient)
+            .notify(|err, _| {
+                tracing::warn!(code = ?err.code, reason = %err.reason, "report unanswered; repeating it");
+            })
+            .await
+    }
+}
+
+/// The lease length the server granted, from two database-clock timestamps.
+fn lease_length(operation: &Operation) -> Duration {
+    match (&operation.lease_until, &operation.updated_at) {
+        (Some(until), Some(from)) => {
+            let millis = (until.seconds - from.seconds) * 1000
+                + i64::from(until.nanos - from.nanos) / 1_000_000;
+            Duration::from_millis(u64::try_from(millis).unwrap_or(0)).max(Duration::from_secs(1))
+        }
+        _ => Duration::from_secs(30),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_length_comes_from_database_timestamps() {
+        let operation = Operation {
+            updated_at: Some(prost_types::Timestamp {
+                seconds: 100,
+                nanos: 500_000_000,
+            }),
+            lease_until: Some(prost_types::Timestamp {
+                seconds: 130,
+                nanos: 500_000_000,
+            }),
+            ..Operation::default()
+        };
+        assert_eq!(lease_length(&operation), Duration::from_secs(30));
+    }
+
+    #[tokio::test]
+    async fn the_lease_lost_signal_fires_once_raised_and_never_otherwise() {
+        let (tx, rx) = watch::channel(false);
+        let call = ProviderCall {
+            provider_key: "k".into(),
+            operation_key: "k".into(),
+            attempt: 1,
+            lease_lost: rx,
+        };
+        let waiting = tokio::spawn(call.lease_lost());
+        assert!(!call.is_lease_lost());
+        tx.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(call.is_lease_lost());
+
+        let (tx, rx) = watch::channel(false);
+        let call = ProviderCall {
+            lease_lost: rx,
+            ..call
+        };
+        drop(tx);
+        let never = tokio::time::timeout(Duration::from_millis(50), call.lease_lost()).await;
+        assert!(never.is_err(), "a lease that was not lost never signals");
+    }
+
+    #[test]
+    fn the_agent_view_says_what_to_do_and_leaves_the_key_out() {
+        let executed = Executed::Succeeded {
+            operation: Operation {
+                operation_key: "payment:order-817".into(),
+                external_id: Some("pay_1".into()),
+                result_json: Some(r#"{"id":"pay_1"}"#.into()),
+                ..Operation::default()
+            },
+            replayed: true,
+        };
+        let json = executed.to_json();
+        assert_eq!(json["outcome"], "succeeded");
+        assert_eq!(json["replayed"], true);
+        assert_eq!(json["result"]["id"], "pay_1");
+        assert!(!json.to_string().contains("order-817"));
+    }
+}
