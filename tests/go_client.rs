@@ -31,7 +31,7 @@ async fn go_test(app: &TestApp, pattern: &str, tests: &[&str]) -> String {
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
-async fn the_go_client_decodes_typed_errors_and_renews_and_loses_leases(pool: PgPool) {
+async fn the_go_client_decodes_errors_keeps_deadlines_and_leases_and_protects_functions(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     go_test(
         &app,
@@ -41,6 +41,7 @@ async fn the_go_client_decodes_typed_errors_and_renews_and_loses_leases(pool: Pg
             "TestClientGivesEveryCallADeadline",
             "TestClientRenewsTheLeaseDuringALongCall",
             "TestClientCancelsTheProviderCallWhenTheLeaseIsLost",
+            "TestClientProtectsAFunction",
         ],
     )
     .await;
@@ -70,4 +71,13 @@ async fn the_go_client_decodes_typed_errors_and_renews_and_loses_leases(pool: Pg
     assert_eq!((lost.status.as_str(), lost.attempt_count), ("succeeded", 2));
     let counts = app.counts("go:leases:lost");
     assert_eq!((counts.requests, counts.effects), (2, 1));
+
+    // A protected function called twice for one order, then with another amount: one effect.
+    let protected = row(&app, "go:protect:order-817").await.unwrap();
+    assert_eq!(
+        (protected.status.as_str(), protected.attempt_count),
+        ("succeeded", 1)
+    );
+    let counts = app.counts("go:protect:order-817");
+    assert_eq!((counts.requests, counts.effects), (1, 1));
 }

@@ -127,8 +127,7 @@ type Intent struct {
 	ConfirmDuplicateIntent bool
 }
 
-// errNotJSON is returned (as INVALID_ARGUMENT-free plain error) when a payload or result
-// cannot be encoded; nothing is sent.
+// errNotJSON: a payload or result cannot be encoded as JSON; nothing was sent.
 var errNotJSON = errors.New("opjournal: the value cannot be encoded as JSON")
 
 func jsonText(v interface{}) (string, error) {

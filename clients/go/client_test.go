@@ -238,3 +238,52 @@ func TestClientCancelsTheProviderCallWhenTheLeaseIsLost(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+type order struct {
+	ID          string
+	AmountMinor int
+	Currency    string
+	// Note is not part of the intent (Payload leaves it out).
+	Note string
+}
+
+func TestClientProtectsAFunction(t *testing.T) {
+	l := liveEnv(t)
+	c := l.dial(t, opjournal.Options{})
+	ctx := context.Background()
+	calls := 0
+	pay := opjournal.Protected[order]{
+		Client:     c,
+		ActionType: "create_payment",
+		Key: func(_ context.Context, o order) (string, error) {
+			return "go:protect:order-" + o.ID, nil
+		},
+		Payload: func(o order) interface{} {
+			return map[string]interface{}{"order_id": o.ID, "amount_minor": o.AmountMinor, "currency": o.Currency}
+		},
+		Call: func(ctx context.Context, call opjournal.ProviderCall, o order) (opjournal.ProviderResult, error) {
+			calls++
+			return l.provider()(ctx, call)
+		},
+	}
+	first, err := pay.Run(ctx, order{ID: "817", AmountMinor: 490000, Currency: "RUB", Note: "first try"})
+	if err != nil || first.Kind != opjournal.Succeeded || first.Replayed || first.ExternalID == "" {
+		t.Fatalf("first run: %+v, %v", first, err)
+	}
+	again, err := pay.Run(ctx, order{ID: "817", AmountMinor: 490000, Currency: "RUB", Note: "asked again"})
+	if err != nil || again.Kind != opjournal.Succeeded || !again.Replayed || again.ExternalID != first.ExternalID {
+		t.Fatalf("second run: %+v, %v", again, err)
+	}
+	text, _ := json.Marshal(again)
+	var read map[string]interface{}
+	if err := json.Unmarshal(text, &read); err != nil || read["outcome"] != "succeeded" || read["replayed"] != true {
+		t.Fatalf("the outcome as JSON: %s", text)
+	}
+	_, err = pay.Run(ctx, order{ID: "817", AmountMinor: 590000, Currency: "RUB"})
+	if !errors.Is(err, opjournal.ErrIdempotencyKeyReused) {
+		t.Fatalf("another amount under the same order: %v", err)
+	}
+	if calls != 1 {
+		t.Fatalf("the provider function ran %d times", calls)
+	}
+}

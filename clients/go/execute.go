@@ -100,7 +100,9 @@ type HTTPStatusError struct {
 	StatusCode int
 }
 
-func (e *HTTPStatusError) Error() string { return "provider answered HTTP " + strconv.Itoa(e.StatusCode) }
+func (e *HTTPStatusError) Error() string {
+	return "provider answered HTTP " + strconv.Itoa(e.StatusCode)
+}
 
 // DefaultRejection is the default rejection classifier: the code of a RejectedError.
 func DefaultRejection(err error) (code string, rejected bool) {
@@ -281,7 +283,7 @@ func Execute(ctx context.Context, c *Client, in Intent, call ProviderFunc, opts 
 			if op == nil || begin.GetLeaseToken() == "" {
 				return Outcome{}, &UnexpectedDecisionError{"EXECUTE without an operation or a lease token"}
 			}
-			return c.run(ctx, in, begin, call, &cfg)
+			return c.run(ctx, begin, call, &cfg)
 		case pb.Decision_DECISION_REPLAY:
 			return replay(op)
 		case pb.Decision_DECISION_IN_PROGRESS:
@@ -316,7 +318,7 @@ func Execute(ctx context.Context, c *Client, in Intent, call ProviderFunc, opts 
 }
 
 // run calls the provider under the lease and reports what happened.
-func (c *Client) run(ctx context.Context, in Intent, begin *pb.BeginOperationResponse, call ProviderFunc, cfg *executeConfig) (Outcome, error) {
+func (c *Client) run(ctx context.Context, begin *pb.BeginOperationResponse, call ProviderFunc, cfg *executeConfig) (Outcome, error) {
 	held := begin.GetOperation()
 	token := begin.GetLeaseToken()
 	callCtx, cancel := context.WithCancel(ctx)
@@ -371,7 +373,9 @@ func (c *Client) run(ctx context.Context, in Intent, begin *pb.BeginOperationRes
 	if err != nil {
 		if errors.Is(err, ErrInvalidArgument) {
 			// The effect happened but this report is refused: leave it to reconciliation.
-			_, _ = c.report(func(rctx context.Context) (*pb.Operation, error) { return c.ReportUnknown(rctx, token, "report_refused") })
+			_, _ = c.report(func(rctx context.Context) (*pb.Operation, error) {
+				return c.ReportUnknown(rctx, token, "report_refused")
+			})
 		}
 		return Outcome{}, err
 	}
