@@ -25,13 +25,18 @@ async fn go_test(app: &TestApp, pattern: &str, tests: &[&str]) -> String {
             "go test did not pass {test}:\n{stdout}"
         );
     }
-    assert!(!stdout.contains("--- SKIP"), "go test skipped a test:\n{stdout}");
+    assert!(
+        !stdout.contains("--- SKIP"),
+        "go test skipped a test:\n{stdout}"
+    );
     assert!(!stdout.contains("--- FAIL"), "{stdout}");
     stdout
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
-async fn the_go_client_decodes_errors_keeps_deadlines_and_leases_and_protects_functions(pool: PgPool) {
+async fn the_go_client_decodes_errors_keeps_deadlines_and_leases_and_protects_functions(
+    pool: PgPool,
+) {
     let app = TestApp::spawn(pool).await;
     go_test(
         &app,
