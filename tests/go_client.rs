@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::client_suites::{repo, row, run_suite};
+use common::client_suites::{repo, row, run_suite, spawn_with_client_token};
 use common::*;
 use sqlx::PgPool;
 
@@ -84,5 +84,32 @@ async fn the_go_client_decodes_errors_keeps_deadlines_and_leases_and_protects_fu
         ("succeeded", 1)
     );
     let counts = app.counts("go:protect:order-817");
+    assert_eq!((counts.requests, counts.effects), (1, 1));
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_go_client_sends_its_bearer_token(pool: PgPool) {
+    let app = spawn_with_client_token(pool).await;
+    go_test(
+        &app,
+        "^TestAuth",
+        &["TestAuthTheTokenReachesItsNamespaceAndNoOther"],
+    )
+    .await;
+
+    let done: (String, i32) = sqlx::query_as(
+        "SELECT status, attempt_count FROM agent_operations
+         WHERE namespace = 'tenant-a' AND operation_key = 'go:auth:payment'",
+    )
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    assert_eq!(done, ("succeeded".to_owned(), 1));
+    assert_eq!(
+        app.rows_for("go:auth:payment").await,
+        1,
+        "nothing in tenant-b"
+    );
+    let counts = app.counts("tenant-a/go:auth:payment");
     assert_eq!((counts.requests, counts.effects), (1, 1));
 }

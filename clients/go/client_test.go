@@ -287,3 +287,45 @@ func TestClientProtectsAFunction(t *testing.T) {
 		t.Fatalf("the provider function ran %d times", calls)
 	}
 }
+
+func TestAuthTheTokenReachesItsNamespaceAndNoOther(t *testing.T) {
+	l := liveEnv(t)
+	token := os.Getenv("OPJOURNAL_TEST_TOKEN")
+	if token == "" {
+		t.Skip("OPJOURNAL_TEST_TOKEN is not set: run through tests/go_client.rs")
+	}
+	ctx := context.Background()
+	intent := func(namespace string) opjournal.Intent {
+		return opjournal.Intent{Namespace: namespace, Key: "go:auth:payment", ActionType: "create_payment", Payload: pay817}
+	}
+	var typed *opjournal.Error
+
+	_, err := l.dial(t, opjournal.Options{}).Begin(ctx, intent("tenant-a"))
+	if !errors.Is(err, opjournal.ErrUnauthenticated) || !errors.As(err, &typed) || typed.Reason != "MISSING_CREDENTIALS" {
+		t.Fatalf("without a token: %v", err)
+	}
+	_, err = l.dial(t, opjournal.Options{Token: "tok-wrong.0000"}).Begin(ctx, intent("tenant-a"))
+	if !errors.Is(err, opjournal.ErrUnauthenticated) || !errors.As(err, &typed) || typed.Reason != "INVALID_CREDENTIALS" {
+		t.Fatalf("a wrong token: %v", err)
+	}
+
+	c := l.dial(t, opjournal.Options{Token: token})
+	var providerKeys []string
+	out, err := opjournal.Execute(ctx, c, intent("tenant-a"), func(ctx context.Context, call opjournal.ProviderCall) (opjournal.ProviderResult, error) {
+		providerKeys = append(providerKeys, call.ProviderKey)
+		return l.provider()(ctx, call)
+	})
+	if err != nil || out.Kind != opjournal.Succeeded {
+		t.Fatalf("execute in tenant-a: %+v, %v", out, err)
+	}
+	if len(providerKeys) != 1 || providerKeys[0] != "tenant-a/go:auth:payment" {
+		t.Fatalf("provider keys %v", providerKeys)
+	}
+	_, err = opjournal.Execute(ctx, c, intent("tenant-b"), func(context.Context, opjournal.ProviderCall) (opjournal.ProviderResult, error) {
+		t.Error("the provider was called for tenant-b")
+		return opjournal.ProviderResult{}, nil
+	})
+	if !errors.Is(err, opjournal.ErrPermissionDenied) || !errors.As(err, &typed) || typed.Reason != "NAMESPACE_NOT_ALLOWED" {
+		t.Fatalf("tenant-b: %v", err)
+	}
+}

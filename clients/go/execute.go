@@ -462,12 +462,13 @@ type leaseRenewal struct {
 
 	mu   sync.Mutex
 	lost error
-	quit chan struct{}
+	quit context.CancelFunc
 	done chan struct{}
 }
 
 func (l *leaseRenewal) start() {
-	l.quit = make(chan struct{})
+	ctx, quit := context.WithCancel(context.Background())
+	l.quit = quit
 	l.done = make(chan struct{})
 	go func() {
 		defer close(l.done)
@@ -476,11 +477,11 @@ func (l *leaseRenewal) start() {
 		defer ticker.Stop()
 		for {
 			select {
-			case <-l.quit:
+			case <-ctx.Done():
 				return
 			case <-ticker.C:
 			}
-			_, err := l.client.RenewLease(context.Background(), l.token, l.seconds)
+			_, err := l.client.RenewLease(ctx, l.token, l.seconds)
 			if errors.Is(err, ErrLeaseLost) {
 				l.mu.Lock()
 				l.lost = err
@@ -497,7 +498,7 @@ func (l *leaseRenewal) stop() {
 	if l.quit == nil {
 		return
 	}
-	close(l.quit)
+	l.quit() // also ends a renewal in flight: the report that follows decides
 	<-l.done
 }
 
