@@ -154,7 +154,8 @@ async fn the_python_decorator_protects_one_intent_from_sync_asyncio_and_two_proc
     pool: PgPool,
 ) {
     let app = TestApp::spawn(pool).await;
-    pytest(&app, &["tests/test_decorator.py"]).await;
+    // test_plan.py: the repetition of reports whose answer was lost, step by step.
+    pytest(&app, &["tests/test_decorator.py", "tests/test_plan.py"]).await;
 
     // 200 concurrent calls of one intent (20 asyncio tasks in two processes), then the same
     // intent from sync and asyncio code: one provider call, one effect, one attempt.
