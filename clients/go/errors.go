@@ -37,7 +37,9 @@ type Error struct {
 
 // FieldViolation is one google.rpc.BadRequest.FieldViolation.
 type FieldViolation struct {
-	Field       string
+	// Field is the request field, e.g. "operation_key".
+	Field string
+	// Description says what is wrong with it, for people.
 	Description string
 }
 

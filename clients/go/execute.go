@@ -80,8 +80,10 @@ func Reject(code string, cause error) error { return &RejectedError{Code: code, 
 // UnknownOutcomeError reports an uncertain outcome with the caller's own code (e.g.
 // "http_502"). Any other error is reported as unknown too, with DefaultUnknownCode's code.
 type UnknownOutcomeError struct {
+	// Code is the short machine code recorded (1-100 characters of [A-Za-z0-9._:-]).
 	Code string
-	Err  error
+	// Err is the provider's error, if any.
+	Err error
 }
 
 func (e *UnknownOutcomeError) Error() string { return "provider outcome unknown: " + e.Code }
@@ -97,6 +99,7 @@ func UnknownOutcome(code string, cause error) error {
 // HTTPStatusError is an HTTP answer that proves nothing about the effect (a 5xx, an odd
 // status from a proxy); DefaultUnknownCode reports it as "http_<status>".
 type HTTPStatusError struct {
+	// StatusCode is the HTTP status the provider (or a proxy) answered.
 	StatusCode int
 }
 
@@ -194,6 +197,7 @@ type Outcome struct {
 
 // UnexpectedDecisionError: Begin answered a decision (or a shape) this client does not know.
 type UnexpectedDecisionError struct {
+	// Detail says what was unexpected (never a payload or a token).
 	Detail string
 }
 
