@@ -18,8 +18,7 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
-from opjournal_client import JournalClient, ProviderRejected
-from opjournal_client.integrations import current_call
+from opjournal_client import JournalClient, ProviderRejected, current_call
 
 
 def _required_env(name: str) -> str:

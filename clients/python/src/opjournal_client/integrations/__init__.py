@@ -10,14 +10,16 @@ it is imported itself:
 
 The key always comes from the application's code (a run or intent id from the framework's
 context, a function of the arguments, or for MCP the key the client application sends),
-never from the model. :mod:`~opjournal_client.integrations.messages` holds the texts.
+never from the model. Inside a tool's body, :func:`opjournal_client.current_call` (also
+importable from here) gives the provider key. :mod:`~opjournal_client.integrations.messages`
+holds the texts.
 """
 
+from .. import current_call
 from .core import (
     CLIENT_KEY_PATTERN,
     Journaled,
     JournaledToolError,
-    current_call,
     namespaced_client_key,
     run_journaled,
     select_payload,

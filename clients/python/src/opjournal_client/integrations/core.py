@@ -9,9 +9,7 @@ them to :func:`run_journaled`.
 
 from __future__ import annotations
 
-import contextvars
 import re
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -21,11 +19,9 @@ from .. import (
     IdempotencyKeyReusedError,
     InProgress,
     JournalUnavailableError,
-    ProviderCall,
-    ProviderResult,
     Succeeded,
     VerificationRequired,
-    execute,
+    idempotent,
 )
 from . import messages
 
@@ -36,32 +32,8 @@ if TYPE_CHECKING:
 CLIENT_KEY_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 #: Which arguments form the payload: all of them (``None``), a list of names, or a function
-#: of the bound arguments returning the payload.
+#: of the arguments (a mapping of JSON values) returning the payload.
 PayloadSpec = Union[None, Sequence[str], Callable[[Mapping[str, Any]], Any]]
-
-#: Seconds between the Begins of a call that waits for another holder: from 0.1, doubling,
-#: at most 2.
-_FIRST_POLL_SECONDS = 0.1
-_MAX_POLL_SECONDS = 2.0
-
-_CURRENT: contextvars.ContextVar[Optional[ProviderCall]] = contextvars.ContextVar(
-    "opjournal_integrations_current_call", default=None
-)
-
-
-def current_call() -> ProviderCall:
-    """The provider call a journaled tool's body is running for.
-
-    Inside the tool's function, ``current_call().provider_key`` is the idempotency key to
-    send to the provider (``namespace/key`` outside the ``default`` namespace).
-
-    Raises:
-        RuntimeError: outside a journaled tool's body.
-    """
-    call = _CURRENT.get()
-    if call is None:
-        raise RuntimeError("current_call() is only available inside a journaled tool's body")
-    return call
 
 
 class JournaledToolError(Exception):
@@ -127,7 +99,12 @@ class Journaled:
         subject: the noun the model-facing texts use ("payment").
         in_progress_wait: seconds to wait for another holder of the same key to finish
             before answering ``in_progress`` (0: answer at once).
-        execute_options: more keyword arguments for :func:`opjournal_client.execute`.
+        settle_wait: seconds to wait, when the outcome is already unknown at Begin, for the
+            reconciler to settle it before answering ``verification_required`` (0: answer
+            at once). An unknown outcome of this very call is answered at once.
+        options: more keyword arguments for :func:`opjournal_client.idempotent`
+            (``classify``, ``lease_seconds``, ``references``, ``external_id``,
+            ``to_result``, ``renew_lease``).
     """
 
     client: "JournalClient"
@@ -136,15 +113,12 @@ class Journaled:
     namespace: str = ""
     subject: str = "operation"
     in_progress_wait: float = 0.0
-    execute_options: Optional[Mapping[str, Any]] = None
+    settle_wait: float = 0.0
+    options: Optional[Mapping[str, Any]] = None
 
     def run(self, operation_key: str, arguments: Mapping[str, Any], body: Callable[[], Any]) -> Any:
         """:func:`run_journaled` with this configuration."""
         return run_journaled(self, operation_key, arguments, body)
-
-
-def _as_provider_result(value: Any) -> ProviderResult:
-    return value if isinstance(value, ProviderResult) else ProviderResult(result=value)
 
 
 def run_journaled(
@@ -152,65 +126,56 @@ def run_journaled(
 ) -> Any:
     """Runs ``body`` at most once for ``operation_key`` and returns the tool's result.
 
-    ``body`` is the tool's own code (the provider call); it runs only on
-    ``DECISION_EXECUTE``, with :func:`current_call` set. It returns the result (a
-    JSON-serializable value) or a :class:`~opjournal_client.ProviderResult` (to record an
-    ``external_id``), and raises :class:`~opjournal_client.ProviderRejected` for a confirmed
-    rejection; any other exception is an unknown outcome.
+    ``body`` is the tool's own code (the provider call), run through
+    :func:`opjournal_client.idempotent` with the sync client: only on
+    ``DECISION_EXECUTE``, with :func:`opjournal_client.current_call` giving the provider
+    key. It returns the result (JSON values) or a :class:`~opjournal_client.ProviderResult`
+    (to record an ``external_id``), and raises :class:`~opjournal_client.ProviderRejected`
+    for a confirmed rejection; any other exception is an unknown outcome.
 
     Returns:
         The stored result (as the action's policy keeps it), the same on the first run and
-        on every replay, so the model sees one answer for one intent.
+        on every replay, so the model reads one answer for one intent.
 
     Raises:
         JournaledToolError: every other outcome, with the text the model should read.
         opjournal_client.InvalidArgumentError: a malformed request (a bug, not a tool
-            outcome), e.g. a key with personal data.
+            outcome), e.g. a key with personal data; and the other errors of ``execute``
+            that no text covers (``LeaseLostError``).
     """
     payload = select_payload(arguments, spec.payload)
 
-    def provider(call: ProviderCall) -> ProviderResult:
-        token = _CURRENT.set(call)
-        try:
-            return _as_provider_result(body())
-        finally:
-            _CURRENT.reset(token)
+    def call() -> Any:  # no parameters: the key and the payload are already chosen
+        return body()
 
+    journaled = idempotent(
+        spec.client,
+        action_type=spec.action_type,
+        key=operation_key,
+        payload=lambda: payload,
+        namespace=spec.namespace,
+        in_progress_wait=spec.in_progress_wait,
+        settle_wait=spec.settle_wait,
+        returns="outcome",
+        **dict(spec.options or {}),
+    )(call)
     subject = spec.subject
-    deadline = time.monotonic() + max(0.0, spec.in_progress_wait)
-    poll = _FIRST_POLL_SECONDS
-    while True:
-        try:
-            outcome = execute(
-                spec.client,
-                operation_key,
-                spec.action_type,
-                payload,
-                provider,
-                namespace=spec.namespace,
-                **dict(spec.execute_options or {}),
-            )
-        except IdempotencyKeyReusedError as error:
-            raise tool_error("conflict", subject=subject) from error
-        except JournalUnavailableError as error:
-            raise tool_error("journal_unavailable", subject=subject) from error
-        if isinstance(outcome, Succeeded):
-            return outcome.result if outcome.result is not None else outcome.provider_result
-        if isinstance(outcome, InProgress):
-            remaining = deadline - time.monotonic()
-            if remaining > 0:
-                # retry_after is when the holder's lease ends; the holder usually reports
-                # much sooner, so ask again early, backing off.
-                time.sleep(min(max(outcome.retry_after, 0.05), poll, remaining))
-                poll = min(poll * 2, _MAX_POLL_SECONDS)
-                continue
-            wait = max(1, round(outcome.retry_after))
-            raise tool_error("in_progress", subject=subject, outcome=outcome, retry_after=wait)
-        if isinstance(outcome, VerificationRequired):
-            raise tool_error("verification_required", subject=subject, outcome=outcome)
-        if isinstance(outcome, FailedFinal):
-            code = outcome.error_code or "rejected"
-            raise tool_error("rejected", subject=subject, outcome=outcome, error_code=code)
-        if isinstance(outcome, DuplicateIntentSuspected):
-            raise tool_error("duplicate_intent", subject=subject, outcome=outcome)
-        raise TypeError(f"unexpected outcome {type(outcome).__name__}")
+    try:
+        outcome = journaled()
+    except IdempotencyKeyReusedError as error:
+        raise tool_error("conflict", subject=subject) from error
+    except JournalUnavailableError as error:
+        raise tool_error("journal_unavailable", subject=subject) from error
+    if isinstance(outcome, Succeeded):
+        return outcome.result if outcome.result is not None else outcome.provider_result
+    if isinstance(outcome, InProgress):
+        wait = max(1, round(outcome.retry_after))
+        raise tool_error("in_progress", subject=subject, outcome=outcome, retry_after=wait)
+    if isinstance(outcome, VerificationRequired):
+        raise tool_error("verification_required", subject=subject, outcome=outcome)
+    if isinstance(outcome, FailedFinal):
+        code = outcome.error_code or "rejected"
+        raise tool_error("rejected", subject=subject, outcome=outcome, error_code=code)
+    if isinstance(outcome, DuplicateIntentSuspected):
+        raise tool_error("duplicate_intent", subject=subject, outcome=outcome)
+    raise TypeError(f"unexpected outcome {type(outcome).__name__}")

@@ -52,7 +52,8 @@ def journaled_tool(
     namespace: str = "",
     subject: str = "operation",
     in_progress_wait: float = 30.0,
-    execute_options: Optional[Mapping[str, Any]] = None,
+    settle_wait: float = 0.0,
+    options: Optional[Mapping[str, Any]] = None,
     name: Optional[str] = None,
     description: Optional[str] = None,
     **tool_options: Any,
@@ -62,13 +63,13 @@ def journaled_tool(
     Args:
         fn: the tool's function, sync or async; it may take ``config: RunnableConfig``
             like any LangChain tool function. Inside it,
-            :func:`~opjournal_client.integrations.current_call` gives the provider key.
+            :func:`opjournal_client.current_call` gives the provider key.
         client: the journal client (sync; async tools run it in a worker thread).
         action_type: the action in the journal's policy.
         key: the application's key (see :data:`KeyFunction`); required: the model never
             supplies it.
         payload: which arguments are hashed: all (``None``), names, or a function.
-        namespace, subject, in_progress_wait, execute_options: as
+        namespace, subject, in_progress_wait, settle_wait, options: as
             :class:`~opjournal_client.integrations.Journaled`.
         name, description: the tool's (the function's name and docstring by default).
         tool_options: passed to ``StructuredTool.from_function`` (``return_direct``, ...).
@@ -87,7 +88,8 @@ def journaled_tool(
         namespace=namespace,
         subject=subject,
         in_progress_wait=in_progress_wait,
-        execute_options=execute_options,
+        settle_wait=settle_wait,
+        options=options,
     )
     is_async = inspect.iscoroutinefunction(fn)
 

@@ -38,14 +38,20 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from typing import Any, Callable, Mapping, Optional, TypeVar
+from typing import Any, Callable, Mapping, Optional, TypeVar, cast
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 from mcp.client.session import ClientSession
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, TextContent
+from mcp.types import (
+    CallToolRequest,
+    CallToolRequestParams,
+    CallToolResult,
+    RequestParamsMeta,
+    TextContent,
+)
 from pydantic_core import to_jsonable_python
 
 from ..client import JournalClient
@@ -110,7 +116,8 @@ def journaled_tool(
     namespace: str = "",
     subject: str = "operation",
     in_progress_wait: float = 30.0,
-    execute_options: Optional[Mapping[str, Any]] = None,
+    settle_wait: float = 0.0,
+    options: Optional[Mapping[str, Any]] = None,
     name: Optional[str] = None,
     **tool_options: Any,
 ) -> Callable[[F], F]:
@@ -130,12 +137,15 @@ def journaled_tool(
         subject: the noun of the model-facing texts ("payment").
         in_progress_wait: seconds a retry waits for the first call with the same key to
             finish before answering ``in_progress``.
-        execute_options: more keyword arguments for :func:`opjournal_client.execute`.
+        settle_wait: seconds a call waits for the reconciler to settle an outcome that is
+            already unknown before answering ``verification_required``.
+        options: more keyword arguments for :func:`opjournal_client.idempotent`
+            (``classify``, ``lease_seconds``, ``references``, ``external_id``, ...).
         name: the tool's name (the function's name by default).
         tool_options: passed to ``server.add_tool`` (``description``, ``annotations``, ...).
 
     The function may be sync or async and may take the ``Context`` as usual; inside it,
-    :func:`~opjournal_client.integrations.current_call` gives the provider key. It
+    :func:`opjournal_client.current_call` gives the provider key. It
     returns the result (JSON values) or a :class:`~opjournal_client.ProviderResult`, and
     raises :class:`~opjournal_client.ProviderRejected` for a confirmed rejection.
     """
@@ -146,7 +156,8 @@ def journaled_tool(
         namespace=namespace,
         subject=subject,
         in_progress_wait=in_progress_wait,
-        execute_options=execute_options,
+        settle_wait=settle_wait,
+        options=options,
     )
 
     def decorate(fn: F) -> F:
@@ -243,7 +254,7 @@ async def call_tool_with_key(
             name,
             dict(arguments or {}),
             read_timeout_seconds=read_timeout_seconds,
-            meta={IDEMPOTENCY_KEY_PARAM: idempotency_key},
+            meta=cast(RequestParamsMeta, {IDEMPOTENCY_KEY_PARAM: idempotency_key}),
         )
     request = _KeyedCallToolRequest(
         params=_KeyedCallToolParams(

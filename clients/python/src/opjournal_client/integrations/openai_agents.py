@@ -69,7 +69,8 @@ def journaled_function_tool(
     namespace: str = "",
     subject: str = "operation",
     in_progress_wait: float = 30.0,
-    execute_options: Optional[Mapping[str, Any]] = None,
+    settle_wait: float = 0.0,
+    options: Optional[Mapping[str, Any]] = None,
     **function_tool_options: Any,
 ) -> Union[FunctionTool, Callable[[F], FunctionTool]]:
     """A ``FunctionTool`` that runs ``fn`` at most once per key.
@@ -77,13 +78,13 @@ def journaled_function_tool(
     Args:
         fn: the tool's function, sync or async; it may take the run context as its first
             parameter (``ctx: RunContextWrapper[...]``) like any function tool. Inside it,
-            :func:`~opjournal_client.integrations.current_call` gives the provider key.
+            :func:`opjournal_client.current_call` gives the provider key.
         client: the journal client (sync; the call runs in a worker thread).
         action_type: the action in the journal's policy.
         key: the application's key (see :data:`KeyFunction`); required: the model never
             supplies it.
         payload: which arguments are hashed: all (``None``), names, or a function.
-        namespace, subject, in_progress_wait, execute_options: as
+        namespace, subject, in_progress_wait, settle_wait, options: as
             :class:`~opjournal_client.integrations.Journaled`.
         function_tool_options: passed to ``agents.function_tool`` (``name_override``,
             ``description_override``, ...). ``failure_error_function`` defaults to
@@ -99,7 +100,8 @@ def journaled_function_tool(
         namespace=namespace,
         subject=subject,
         in_progress_wait=in_progress_wait,
-        execute_options=execute_options,
+        settle_wait=settle_wait,
+        options=options,
     )
     function_tool_options.setdefault("failure_error_function", tool_error_text)
 
