@@ -127,3 +127,36 @@ async fn the_typescript_client_passes_every_scenario(pool: PgPool) {
     }
     assert_finals("ts", &check_finals(&app, "ts").await);
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_go_client_passes_every_scenario(pool: PgPool) {
+    let (app, server, control) = stand(pool).await;
+    let go_env = repo().join("scripts/go-env");
+    let args = [
+        "run",
+        "go",
+        "test",
+        "-count=1",
+        "-v",
+        "-run",
+        "^TestScenarios$",
+        ".",
+    ];
+    let stdout = run_runner(
+        &server,
+        &app,
+        &control,
+        "go",
+        (&go_env, &args),
+        &repo().join("clients/go"),
+        "scripts/go-env install prepares it (Debian packages)",
+    )
+    .await;
+    assert!(
+        stdout.contains("--- PASS: TestScenarios ")
+            && !stdout.contains("--- SKIP")
+            && !stdout.contains("--- FAIL"),
+        "go test did not pass every scenario:\n{stdout}"
+    );
+    assert_finals("go", &check_finals(&app, "go").await);
+}
