@@ -27,10 +27,11 @@ fn python() -> PathBuf {
     )
 }
 
-/// Runs one pytest file of clients/python/tests/integrations and asserts that every test ran
+/// Runs pytest files of clients/python/tests/integrations and asserts that every test ran
 /// and passed.
-async fn pytest(app: &TestApp, file: &str) {
-    let args = ["-m", "pytest", "-q", "-rA", file];
+async fn pytest(app: &TestApp, files: &[&str]) {
+    let mut args = vec!["-m", "pytest", "-q", "-rA"];
+    args.extend_from_slice(files);
     let stdout = run_suite(app, &python(), &args, &repo().join("clients/python"), SETUP).await;
     let summary = stdout.lines().rev().find(|line| !line.trim().is_empty());
     let counts = summary.and_then(|line| line.split_once(" passed in "));
@@ -83,7 +84,14 @@ async fn straight_to_succeeded(app: &TestApp, key: &str) {
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn mcp_tools_are_journaled_through_the_sdks_client_session(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    pytest(&app, "tests/integrations/test_mcp.py").await;
+    pytest(
+        &app,
+        &[
+            "tests/integrations/test_mcp.py",
+            "tests/integrations/test_mcp_stdio.py",
+        ],
+    )
+    .await;
 
     // The lost answer: the first call finished under its lease; the retry waited and
     // replayed. The same key sent in params._meta named the same row.
@@ -100,14 +108,24 @@ async fn mcp_tools_are_journaled_through_the_sdks_client_session(pool: PgPool) {
     // The derived key's unknown outcome stays unknown: no second provider call.
     unknown_after_timeout(row(&app, "mcp-derived:817").await);
     assert_eq!(app.counts("mcp-derived:817").requests, 1);
-    // Refused calls (no key, malformed keys, the conflict) wrote nothing.
-    assert_eq!(total_rows(&app).await, 4);
+    // The example server over stdio: the payment whose answer the relay held back past the
+    // client's timeout, recorded by the call the client had abandoned, with its id.
+    let held = row(&app, "mcp:create_payment:order-830").await.unwrap();
+    assert_eq!((held.status.as_str(), held.attempt_count), ("succeeded", 1));
+    assert!(
+        held.external_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with("pay_"))
+    );
+    straight_to_succeeded(&app, "mcp:create_payment:order-830").await;
+    // Refused calls (no key, malformed or refused keys, the conflicts) wrote nothing.
+    assert_eq!(total_rows(&app).await, 5);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn openai_agents_function_tools_are_journaled_through_the_runner(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    pytest(&app, "tests/integrations/test_openai_agents.py").await;
+    pytest(&app, &["tests/integrations/test_openai_agents.py"]).await;
 
     for key in [
         "oa:intent-900:pay",
@@ -127,7 +145,7 @@ async fn openai_agents_function_tools_are_journaled_through_the_runner(pool: PgP
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn langchain_tools_are_journaled_through_langgraph(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    pytest(&app, "tests/integrations/test_langchain.py").await;
+    pytest(&app, &["tests/integrations/test_langchain.py"]).await;
 
     for key in ["lc:intent-700:pay", "lc:intent-701:pay"] {
         succeeded_once(row(&app, key).await);

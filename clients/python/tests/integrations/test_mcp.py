@@ -167,9 +167,12 @@ async def test_a_call_without_a_key_or_with_a_malformed_key_does_not_run(server,
         missing = await client.call_tool("create_payment", PAY)
         malformed = await call_tool_with_key(client.session, "create_payment", PAY, "bad key!")
         too_long = await call_tool_with_key(client.session, "create_payment", PAY, "k" * 129)
+        # Well-formed, but the journal refuses it: it looks like a card number.
+        card = await call_tool_with_key(client.session, "create_payment", PAY, "4111111111111111")
     assert missing.is_error
     assert text_of(missing) == messages.KEY_REQUIRED.format(subject="payment")
-    for result in (malformed, too_long):
+    for result in (malformed, too_long, card):
         assert result.is_error
         assert text_of(result) == messages.INVALID_KEY.format(subject="payment")
     assert provider.effects("mcp:create_payment:bad key!")["requests"] == 0
+    assert provider.effects("mcp:create_payment:4111111111111111")["requests"] == 0

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Un
 
 from .. import (
     DuplicateIntentSuspected,
+    InvalidArgumentError,
     FailedFinal,
     IdempotencyKeyReusedError,
     InProgress,
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 
 #: What a client-supplied key may look like: 1-128 characters of ``[A-Za-z0-9._:-]``.
 CLIENT_KEY_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+#: The journal's reasons for refusing a key (nothing is written); answered ``invalid_key``.
+KEY_REFUSED_REASONS = frozenset(
+    {"KEY_CONTAINS_SENSITIVE_DATA", "KEY_PATTERN_MISMATCH", "INVALID_OPERATION_KEY"}
+)
 
 #: Which arguments form the payload: all of them (``None``), a list of names, or a function
 #: of the arguments (a mapping of JSON values) returning the payload.
@@ -139,9 +145,9 @@ def run_journaled(
 
     Raises:
         JournaledToolError: every other outcome, with the text the model should read.
-        opjournal_client.InvalidArgumentError: a malformed request (a bug, not a tool
-            outcome), e.g. a key with personal data; and the other errors of ``execute``
-            that no text covers (``LeaseLostError``).
+        opjournal_client.InvalidArgumentError: a malformed request other than a refused
+            key (a bug, not a tool outcome), and the other errors of ``execute`` that no
+            text covers (``LeaseLostError``).
     """
     payload = select_payload(arguments, spec.payload)
 
@@ -166,6 +172,10 @@ def run_journaled(
         raise tool_error("conflict", subject=subject) from error
     except JournalUnavailableError as error:
         raise tool_error("journal_unavailable", subject=subject) from error
+    except InvalidArgumentError as error:
+        if error.reason in KEY_REFUSED_REASONS:
+            raise tool_error("invalid_key", subject=subject) from error
+        raise
     if isinstance(outcome, Succeeded):
         return outcome.result if outcome.result is not None else outcome.provider_result
     if isinstance(outcome, InProgress):

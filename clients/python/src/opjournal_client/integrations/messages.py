@@ -59,11 +59,13 @@ KEY_REQUIRED: Final = (
     "arguments; tell the user the {subject} could not be started."
 )
 
-#: The client's key is malformed (length or characters).
+#: The key is malformed (a client's key: 1-128 characters of ``[A-Za-z0-9._:-]``) or the
+#: journal refused it (``KEY_CONTAINS_SENSITIVE_DATA``, ``KEY_PATTERN_MISMATCH``,
+#: ``INVALID_OPERATION_KEY``); nothing was written.
 INVALID_KEY: Final = (
-    "invalid idempotency key: the application's key for this call is malformed (1-128 "
-    "characters of letters, digits and . _ : -), so the tool did not run. Changing the "
-    "arguments will not help; tell the user the {subject} could not be started."
+    "invalid idempotency key: the application's key for this call is malformed or not "
+    "allowed, so the tool did not run. Changing the arguments will not help; tell the user "
+    "the {subject} could not be started."
 )
 
 #: The journal could not be reached before anything was registered, or could not record
