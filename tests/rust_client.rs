@@ -13,7 +13,8 @@ use std::time::Duration;
 use common::*;
 use opjournal::proto::OperationStatus;
 use opjournal_client::{
-    Begun, ErrorReason, Executed, Intent, JournalClient, ProviderCall, ProviderOutcome,
+    Begun, ErrorReason, Executed, Intent, JournalClient, Protected, ProviderCall, ProviderError,
+    ProviderOutcome, ProviderSuccess,
 };
 use serde_json::json;
 use sqlx::PgPool;
@@ -303,4 +304,268 @@ async fn a_panicking_call_is_reported_unknown(pool: PgPool) {
     let row = app.get(PAYMENT_KEY).await;
     assert_eq!(row.status, OperationStatus::Unknown as i32);
     assert_eq!(row.error_code.as_deref(), Some("client_panic"));
+}
+
+/// The arguments of a protected charge: the key comes from the order and the intent number,
+/// both set by the orchestrator's code.
+#[derive(Clone, serde::Serialize)]
+struct Charge {
+    order_id: String,
+    intent: u32,
+    amount_minor: u64,
+}
+
+fn charge_key(args: &Charge) -> String {
+    format!("payment:order-{}:intent-{:02}", args.order_id, args.intent)
+}
+
+/// A fallible provider function in the wrapper's shape: any error is left to the
+/// classifier; only a decline is said to be a confirmed rejection.
+async fn charge_fallibly(
+    sandbox_url: String,
+    fault: Option<&'static str>,
+    args: Charge,
+    call: ProviderCall,
+) -> Result<ProviderSuccess, ProviderError> {
+    opjournal::app::install_crypto_provider();
+    let mut request = reqwest::Client::new()
+        .post(format!("{sandbox_url}/v1/payments"))
+        .header("Idempotency-Key", &call.provider_key)
+        .json(&json!({"amount_minor": args.amount_minor, "currency": "EUR", "order_id": args.order_id}));
+    if let Some(fault) = fault {
+        request = request.header("X-Sandbox-Fault", fault);
+    }
+    let response = tokio::time::timeout(Duration::from_millis(500), request.send()).await??;
+    match response.status() {
+        status if status.is_success() => {
+            let body: serde_json::Value = response.json().await?;
+            let id = body["id"].as_str().unwrap_or_default().to_owned();
+            Ok(ProviderSuccess::new(id).with_result(body))
+        }
+        reqwest::StatusCode::PAYMENT_REQUIRED => Err(ProviderError::rejected("card_declined")),
+        status => Err(ProviderError::Status(status)),
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_protected_function_runs_once_and_then_replays_its_stored_result(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let url = app.sandbox_url.clone();
+    let counted = calls.clone();
+    let pay = Protected::with_args_as_payload(client(&app), "create_payment", charge_key, {
+        move |args: Charge, call: ProviderCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            charge_fallibly(url.clone(), None, args, call)
+        }
+    });
+    let args = Charge {
+        order_id: "817".into(),
+        intent: 1,
+        amount_minor: 1000,
+    };
+
+    let first = pay.call(args.clone()).await.unwrap();
+    let Executed::Succeeded {
+        operation,
+        replayed: false,
+    } = &first
+    else {
+        panic!("expected a fresh success, got {first:?}");
+    };
+    assert_eq!(operation.operation_key, PAYMENT_KEY);
+    let second = pay.clone().call(args.clone()).await.unwrap();
+    assert!(
+        matches!(second, Executed::Succeeded { replayed: true, .. }),
+        "{second:?}"
+    );
+    assert_eq!(second.result(), first.result());
+    assert_eq!(second.to_json()["outcome"], "succeeded");
+    assert_eq!(second.to_json()["replayed"], true);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(app.counts(PAYMENT_KEY).requests, 1);
+    assert_eq!(app.counts(PAYMENT_KEY).effects, 1);
+
+    // The arguments are the payload: the same key with another amount is a conflict, and
+    // the function is not called.
+    let error = pay
+        .call(Charge {
+            amount_minor: 9999,
+            ..args
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.reason, ErrorReason::IdempotencyKeyReused);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(app.counts(PAYMENT_KEY).requests, 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_wrappers_default_classifier_makes_a_timeout_unknown_and_only_a_decline_final(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    let protect = |fault: &'static str| {
+        let url = app.sandbox_url.clone();
+        Protected::new(
+            client(&app),
+            "create_payment",
+            charge_key,
+            // A declared subset of the arguments is the payload.
+            |args: &Charge| json!({"order_id": args.order_id, "amount_minor": args.amount_minor}),
+            move |args, call| charge_fallibly(url.clone(), Some(fault), args, call),
+        )
+    };
+    let charge = |intent| Charge {
+        order_id: "817".into(),
+        intent,
+        amount_minor: 1000,
+    };
+
+    let timed_out = protect("commit-then-timeout")
+        .call(charge(1))
+        .await
+        .unwrap();
+    let Executed::VerificationRequired { operation } = &timed_out else {
+        panic!("expected verification required, got {timed_out:?}");
+    };
+    assert_eq!(operation.status, OperationStatus::Unknown as i32);
+    assert_eq!(operation.error_code.as_deref(), Some("timeout"));
+    assert_eq!(app.counts(PAYMENT_KEY).effects, 1, "the payment did happen");
+
+    let server_error = protect("fail-before-store").call(charge(2)).await.unwrap();
+    let key_2 = "payment:order-817:intent-02";
+    assert_eq!(app.get(key_2).await.status, OperationStatus::Unknown as i32);
+    assert_eq!(app.get(key_2).await.error_code.as_deref(), Some("http_503"));
+    assert_eq!(server_error.to_json()["outcome"], "verification_required");
+
+    let declined = protect("reject").call(charge(3)).await.unwrap();
+    assert!(
+        matches!(
+            declined,
+            Executed::FailedFinal {
+                replayed: false,
+                ..
+            }
+        ),
+        "{declined:?}"
+    );
+    assert_eq!(
+        app.get("payment:order-817:intent-03")
+            .await
+            .error_code
+            .as_deref(),
+        Some("card_declined")
+    );
+
+    // A hook may name what the provider documents as a definitive refusal.
+    let classified = protect("fail-before-store")
+        .classify(|error| match error {
+            ProviderError::Status(status) if status.as_u16() == 503 => ProviderOutcome::Rejected {
+                error_code: "provider_closed".into(),
+            },
+            other => other.outcome(),
+        })
+        .call(charge(4))
+        .await
+        .unwrap();
+    assert!(
+        matches!(classified, Executed::FailedFinal { .. }),
+        "{classified:?}"
+    );
+    assert_eq!(
+        app.get("payment:order-817:intent-04")
+            .await
+            .error_code
+            .as_deref(),
+        Some("provider_closed")
+    );
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_provider_call_sees_the_lease_lost_signal_and_the_report_is_a_typed_lease_lost(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    let client = client(&app);
+    let intent = Intent::new(
+        PAYMENT_KEY,
+        "create_payment_dedup",
+        json!({"amount_minor": 1000, "currency": "EUR"}),
+    )
+    .with_lease(Duration::from_secs(3));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let holder = client.execute(intent.clone(), |call| async move {
+        started_tx.send(()).unwrap();
+        tokio::select! {
+            () = call.lease_lost() => {}
+            () = tokio::time::sleep(Duration::from_secs(20)) => panic!("no lease-lost signal"),
+        }
+        assert!(call.is_lease_lost());
+        // Stopped before the provider was called: nothing happened.
+        ProviderOutcome::Rejected {
+            error_code: "stopped".into(),
+        }
+    });
+    let usurper = async {
+        started_rx.await.unwrap();
+        // The lease ends early (as after a long pause of the holder) and another holder
+        // claims the operation: attempt 2.
+        sqlx::query(
+            "UPDATE agent_operations SET lease_until = now() - interval '1 second'
+             WHERE operation_key = $1",
+        )
+        .bind(PAYMENT_KEY)
+        .execute(app.pool())
+        .await
+        .unwrap();
+        client.begin(&intent).await.unwrap()
+    };
+    let (held, claimed) = tokio::join!(holder, usurper);
+    assert!(matches!(claimed, Begun::Execute { .. }), "{claimed:?}");
+    let error = held.unwrap_err();
+    assert_eq!(error.code, Code::Aborted);
+    assert_eq!(error.reason, ErrorReason::LeaseLost);
+    let row = app.get(PAYMENT_KEY).await;
+    assert_eq!(row.status, OperationStatus::InProgress as i32);
+    assert_eq!(row.attempt_count, 2);
+    assert_eq!(
+        row.error_code, None,
+        "the stale holder's report was refused"
+    );
+    assert_eq!(app.counts(PAYMENT_KEY).requests, 0);
+}
+
+#[tokio::test]
+async fn every_call_has_a_deadline() {
+    // A server that accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            held.push(socket);
+        }
+    });
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let client = JournalClient::new(channel).with_call_timeout(Duration::from_millis(300));
+    assert_eq!(client.call_timeout(), Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    let error = client.get("", PAYMENT_KEY).await.unwrap_err();
+    assert_eq!(error.code, Code::DeadlineExceeded);
+    assert_eq!(error.reason, ErrorReason::Transport);
+    assert!(error.is_transient());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        opjournal_client::DEFAULT_CALL_TIMEOUT,
+        Duration::from_secs(10)
+    );
+    silent.abort();
 }

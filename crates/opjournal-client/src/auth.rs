@@ -61,6 +61,8 @@ impl Interceptor for BearerToken {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]

@@ -1,7 +1,7 @@
 //! [`JournalClient`]: one typed method per RPC, each with a deadline.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -108,8 +108,17 @@ impl JournalClient {
         &self,
         call: impl Future<Output = Result<Response<T>, Status>>,
     ) -> Result<T, ClientError> {
+        let started = Instant::now();
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
+            // tonic ends a call whose `grpc-timeout` passed with a bare CANCELLED.
+            Ok(Err(status))
+                if status.code() == Code::Cancelled
+                    && status.details().is_empty()
+                    && started.elapsed() >= self.call_timeout =>
+            {
+                Err(ClientError::deadline(self.call_timeout))
+            }
             Ok(Err(status)) => Err(status.into()),
             Err(_) => Err(ClientError::deadline(self.call_timeout)),
         }

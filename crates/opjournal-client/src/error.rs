@@ -216,6 +216,8 @@ impl fmt::Display for ErrorReason {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]

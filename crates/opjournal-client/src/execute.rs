@@ -470,6 +470,8 @@ fn lease_length(operation: &Operation) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]

@@ -158,6 +158,8 @@ pub(crate) fn required(operation: Option<Operation>) -> Result<Operation, Client
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]

@@ -21,6 +21,7 @@ use crate::provider::{ProviderError, ProviderOutcome, ProviderSuccess};
 type KeyFn<A> = Arc<dyn Fn(&A) -> String + Send + Sync>;
 type PayloadFn<A> = Arc<dyn Fn(&A) -> Result<Value, ClientError> + Send + Sync>;
 type ClassifyFn = Arc<dyn Fn(&ProviderError) -> ProviderOutcome + Send + Sync>;
+type ReferenceFn<A> = (String, Arc<dyn Fn(&A) -> String + Send + Sync>);
 
 /// An async provider function `call(args, provider_call) -> Result<ProviderSuccess,
 /// ProviderError>` wrapped so that every [`Protected::call`] goes through
@@ -69,6 +70,7 @@ pub struct Protected<A, F> {
     key: KeyFn<A>,
     derive_key: bool,
     payload: PayloadFn<A>,
+    references: Vec<ReferenceFn<A>>,
     classify: ClassifyFn,
     options: ExecuteOptions,
     lease: Option<Duration>,
@@ -131,6 +133,7 @@ where
             key: Arc::new(key),
             derive_key: false,
             payload,
+            references: Vec::new(),
             classify: Arc::new(ProviderError::outcome),
             options: ExecuteOptions::default(),
             lease: None,
@@ -151,6 +154,18 @@ where
     #[must_use]
     pub fn in_namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
+        self
+    }
+
+    /// Keeps the business link `name` = `value(&args)` (e.g. `order_id`) with the record;
+    /// references are not hashed.
+    #[must_use]
+    pub fn with_reference(
+        mut self,
+        name: impl Into<String>,
+        value: impl Fn(&A) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.references.push((name.into(), Arc::new(value)));
         self
     }
 
@@ -207,6 +222,9 @@ where
         let mut intent = Intent::new(key, self.action_type.clone(), payload)
             .in_namespace(self.namespace.clone());
         intent.lease = self.lease;
+        for (name, value) in &self.references {
+            intent = intent.with_reference(name.clone(), value(&args));
+        }
         let classify = Arc::clone(&self.classify);
         self.client
             .execute_with(intent, &self.options, |provider_call| {
@@ -231,6 +249,7 @@ impl<A, F: Clone> Clone for Protected<A, F> {
             key: Arc::clone(&self.key),
             derive_key: self.derive_key,
             payload: Arc::clone(&self.payload),
+            references: self.references.clone(),
             classify: Arc::clone(&self.classify),
             options: self.options.clone(),
             lease: self.lease,

@@ -197,6 +197,8 @@ pub fn default_error_code(error: &(dyn StdError + 'static)) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use std::time::Duration;
 
     use super::*;
