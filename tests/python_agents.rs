@@ -157,3 +157,23 @@ async fn langchain_tools_are_journaled_through_langgraph(pool: PgPool) {
     assert_eq!(app.counts("lc:intent-702:pay").requests, 1);
     assert_eq!(total_rows(&app).await, 3);
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_agent_examples_pay_once(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    pytest(&app, &["tests/integrations/test_examples.py"]).await;
+
+    for key in ["payment:intent-example-oa", "payment:intent-example-lc"] {
+        let done = row(&app, key).await.unwrap();
+        assert_eq!((done.status.as_str(), done.attempt_count), ("succeeded", 1));
+        // The examples record the provider's payment id.
+        assert!(
+            done.external_id
+                .as_deref()
+                .is_some_and(|id| id.starts_with("pay_"))
+        );
+        straight_to_succeeded(&app, key).await;
+        assert_eq!(app.counts(key).effects, 1, "{key}");
+    }
+    assert_eq!(total_rows(&app).await, 2);
+}
