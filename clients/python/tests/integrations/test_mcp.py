@@ -14,9 +14,16 @@ import anyio
 import pytest
 from mcp import Client, MCPError
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import CallToolResult
 
 from opjournal_client.integrations import messages
-from opjournal_client.integrations.mcp import OUTCOME_META_KEY, call_tool_with_key, journaled_tool
+from opjournal_client.integrations.mcp import (
+    OUTCOME_META_KEY,
+    _KeyedCallToolParams,
+    _KeyedCallToolRequest,
+    call_tool_with_key,
+    journaled_tool,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -169,10 +176,21 @@ async def test_a_call_without_a_key_or_with_a_malformed_key_does_not_run(server,
         too_long = await call_tool_with_key(client.session, "create_payment", PAY, "k" * 129)
         # Well-formed, but the journal refuses it: it looks like a card number.
         card = await call_tool_with_key(client.session, "create_payment", PAY, "4111111111111111")
+        # Two different keys, one in params and one in params._meta.
+        two = _KeyedCallToolRequest(
+            params=_KeyedCallToolParams(
+                name="create_payment",
+                arguments=PAY,
+                idempotency_key="order-820-a",
+                meta={"idempotencyKey": "order-820-b"},
+            )
+        )
+        two_keys = await client.session.send_request(two, CallToolResult)
     assert missing.is_error
     assert text_of(missing) == messages.KEY_REQUIRED.format(subject="payment")
-    for result in (malformed, too_long, card):
+    for result in (malformed, too_long, card, two_keys):
         assert result.is_error
         assert text_of(result) == messages.INVALID_KEY.format(subject="payment")
     assert provider.effects("mcp:create_payment:bad key!")["requests"] == 0
     assert provider.effects("mcp:create_payment:4111111111111111")["requests"] == 0
+    assert provider.effects("mcp:create_payment:order-820-a")["requests"] == 0

@@ -20,6 +20,7 @@ from .. import (
     IdempotencyKeyReusedError,
     InProgress,
     JournalUnavailableError,
+    LeaseLostError,
     Succeeded,
     VerificationRequired,
     idempotent,
@@ -49,7 +50,7 @@ class JournaledToolError(Exception):
     Attributes:
         kind: one of :data:`messages.KINDS` (``"verification_required"``, ``"conflict"``,
             ``"in_progress"``, ``"rejected"``, ``"duplicate_intent"``, ``"key_required"``,
-            ``"invalid_key"``, ``"journal_unavailable"``).
+            ``"invalid_key"``, ``"journal_unavailable"``, ``"lease_lost"``).
         text: the model-facing text.
         outcome: the :func:`opjournal_client.execute` answer behind it, when there was one.
     """
@@ -172,6 +173,8 @@ def run_journaled(
         raise tool_error("conflict", subject=subject) from error
     except JournalUnavailableError as error:
         raise tool_error("journal_unavailable", subject=subject) from error
+    except LeaseLostError as error:
+        raise tool_error("lease_lost", subject=subject) from error
     except InvalidArgumentError as error:
         if error.reason in KEY_REFUSED_REASONS:
             raise tool_error("invalid_key", subject=subject) from error

@@ -17,7 +17,7 @@ Where the key comes from, first match wins:
    ``tools/call`` params into a model that drops unknown members, but the raw params stay
    on the request context, where this module reads both places. The key must be 1-128
    characters of ``[A-Za-z0-9._:-]`` and is namespaced by the tool's name:
-   ``mcp:{tool}:{key}``;
+   ``mcp:{tool}:{key}``. Both places with different keys: refused (``invalid_key``);
 2. ``key(arguments, ctx)``, the server's own function of the validated arguments and the
    request :class:`~mcp.server.mcpserver.Context` (e.g. an order id, or a session-bound
    intent id); its key is used as it is;
@@ -70,21 +70,27 @@ F = TypeVar("F", bound=Callable[..., Any])
 KeyFunction = Callable[[Mapping[str, Any], Context], str]
 
 
+class TwoKeysError(ValueError):
+    """The client sent two different keys (``params.idempotencyKey`` and
+    ``params._meta.idempotencyKey``)."""
+
+
 def client_idempotency_key(ctx: Context) -> Optional[Any]:
-    """The key the client sent with this ``tools/call``: ``params.idempotencyKey``, else
-    ``params._meta.idempotencyKey``; ``None`` when it sent neither. Not validated."""
+    """The key the client sent with this ``tools/call``: ``params.idempotencyKey`` or
+    ``params._meta.idempotencyKey``; ``None`` when it sent neither. Not validated.
+
+    Raises:
+        TwoKeysError: both were sent, with different values.
+    """
     request = ctx.request_context
     params = request.params or {}
-    value = params.get(IDEMPOTENCY_KEY_PARAM)
-    if value is not None:
-        return value
     meta = params.get("_meta")
-    if isinstance(meta, Mapping) and meta.get(IDEMPOTENCY_KEY_PARAM) is not None:
-        return meta.get(IDEMPOTENCY_KEY_PARAM)
-    parsed = request.meta
-    if isinstance(parsed, Mapping):
-        return parsed.get(IDEMPOTENCY_KEY_PARAM)
-    return None
+    if not isinstance(meta, Mapping):
+        meta = request.meta if isinstance(request.meta, Mapping) else {}
+    sent = [v for v in (params.get(IDEMPOTENCY_KEY_PARAM), meta.get(IDEMPOTENCY_KEY_PARAM)) if v is not None]
+    if len(sent) == 2 and sent[0] != sent[1]:
+        raise TwoKeysError("two different idempotency keys")
+    return sent[0] if sent else None
 
 
 def error_result(error: JournaledToolError) -> CallToolResult:
@@ -168,7 +174,10 @@ def journaled_tool(
         is_async = inspect.iscoroutinefunction(fn)
 
         def find_key(arguments: Mapping[str, Any], ctx: Context) -> str:
-            sent = client_idempotency_key(ctx) if accept_client_key else None
+            try:
+                sent = client_idempotency_key(ctx) if accept_client_key else None
+            except TwoKeysError:
+                raise tool_error("invalid_key", subject=subject) from None
             if sent is not None:
                 return namespaced_client_key(f"mcp:{tool_name}", sent, subject=subject)
             if key is not None:

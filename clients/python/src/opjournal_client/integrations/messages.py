@@ -76,6 +76,14 @@ JOURNAL_UNAVAILABLE: Final = (
     "seconds; it will not be carried out twice."
 )
 
+#: The call's lease was taken over by another holder before its outcome was recorded
+#: (``LEASE_LOST``): that holder's outcome counts.
+LEASE_LOST: Final = (
+    "interrupted: this {subject} was taken over by another worker before its outcome was "
+    "recorded. Do not start another {subject}; call this tool again with the same arguments "
+    "in a few seconds to get the recorded result."
+)
+
 #: Outcome kinds, as put in :attr:`JournaledToolError.kind` and in MCP results' ``_meta``.
 KINDS: Final = {
     "verification_required": VERIFICATION_REQUIRED,
@@ -86,4 +94,5 @@ KINDS: Final = {
     "key_required": KEY_REQUIRED,
     "invalid_key": INVALID_KEY,
     "journal_unavailable": JOURNAL_UNAVAILABLE,
+    "lease_lost": LEASE_LOST,
 }
