@@ -432,6 +432,8 @@ impl JournalClient {
         }
     }
 
+    /// Sends `report` until it is answered, repeating it while the error is transient for
+    /// up to the client's report bound (each try has the call deadline).
     async fn report_with_retry<'a, Fut>(
         &'a self,
         report: impl FnMut() -> Fut,
@@ -439,16 +441,19 @@ impl JournalClient {
     where
         Fut: Future<Output = Result<Operation, ClientError>> + 'a,
     {
+        let started = Instant::now();
+        let bound = self.report_retry_for;
         report
             .retry(
                 ExponentialBuilder::default()
                     .with_min_delay(Duration::from_millis(100))
                     .with_max_delay(Duration::from_secs(2))
-                    .with_total_delay(Some(self.report_retry_for))
+                    .with_total_delay(Some(bound))
                     .without_max_times()
                     .with_jitter(),
             )
-            .when(ClientError::is_transient)
+            // No repeat starts once the bound has passed, however long each try took.
+            .when(|err| err.is_transient() && started.elapsed() < bound)
             .notify(|err, _| {
                 tracing::warn!(code = ?err.code, reason = %err.reason, "report unanswered; repeating it");
             })
