@@ -155,7 +155,21 @@ async fn langchain_tools_are_journaled_through_langgraph(pool: PgPool) {
     }
     unknown_after_timeout(row(&app, "lc:intent-702:pay").await);
     assert_eq!(app.counts("lc:intent-702:pay").requests, 1);
-    assert_eq!(total_rows(&app).await, 3);
+    // The declined payment is final; its repeat did not reach the provider.
+    assert_eq!(
+        row(&app, "lc:intent-703:pay").await,
+        Some(Row {
+            status: "failed_final".into(),
+            attempt_count: 1,
+            external_id: None,
+            error_code: Some("card_declined".into()),
+        })
+    );
+    assert_eq!(app.counts("lc:intent-703:pay").requests, 1);
+    // The held duplicate wrote nothing; the first intent paid once.
+    succeeded_once(row(&app, "lc:intent-704:pay").await);
+    assert_eq!(app.rows_for("lc:intent-705:pay").await, 0);
+    assert_eq!(total_rows(&app).await, 5);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

@@ -21,7 +21,7 @@ from opjournal_client.integrations.langchain import journaled_tool
 PAY = {"order_id": "700", "amount_minor": 4200, "currency": "USD"}
 
 
-def payment_tool(journal, provider, *, fault: Optional[str] = None):
+def payment_tool(journal, provider, *, fault: Optional[str] = None, action_type: str = "create_payment"):
     def create_payment(order_id: str, amount_minor: int, currency: str, config: RunnableConfig) -> dict:
         """Pays an order."""
         assert config["configurable"]["intent_id"], "the tool's own config is passed through"
@@ -30,7 +30,7 @@ def payment_tool(journal, provider, *, fault: Optional[str] = None):
     return journaled_tool(
         create_payment,
         client=journal,
-        action_type="create_payment",
+        action_type=action_type,
         key=lambda config, arguments: f"lc:{config['configurable']['intent_id']}:pay",
         subject="payment",
     )
@@ -124,3 +124,27 @@ async def test_a_graph_run_async_reports_an_unknown_outcome(journal, provider):
         assert outputs[call_id].status == "error"
         assert outputs[call_id].content == messages.VERIFICATION_REQUIRED.format(subject="payment")
     assert provider.effects("lc:intent-702:pay") == {"requests": 1, "effects": 1, "lookups": 0}
+
+
+def test_a_confirmed_rejection_reads_as_rejected_on_every_call(journal, provider):
+    tool = payment_tool(journal, provider, fault="reject")
+    pay = dict(PAY, order_id="703")
+    declined = [tool.invoke(call(pay, f"call_{n}"), config("intent-703")) for n in (1, 2)]
+    expected = messages.REJECTED.format(subject="payment", error_code="card_declined")
+    for message in declined:
+        assert message.status == "error" and message.content == expected
+    # Declined at the provider once; the repeat was answered from the journal.
+    assert provider.effects("lc:intent-703:pay") == {"requests": 1, "effects": 0, "lookups": 0}
+
+
+def test_the_same_payment_under_a_second_intent_is_held_as_a_duplicate(journal, provider):
+    # create_payment_hold: the test policy's action with duplicate_intent: hold.
+    tool = payment_tool(journal, provider, action_type="create_payment_hold")
+    pay = dict(PAY, order_id="704")
+    first = tool.invoke(call(pay, "call_1"), config("intent-704"))
+    second = tool.invoke(call(pay, "call_2"), config("intent-705"))
+    assert first.status == "success"
+    assert second.status == "error"
+    assert second.content == messages.DUPLICATE_INTENT.format(subject="payment")
+    assert provider.effects("lc:intent-704:pay")["effects"] == 1
+    assert provider.effects("lc:intent-705:pay")["requests"] == 0

@@ -47,9 +47,10 @@ REJECTED: Final = (
 #: The action's duplicate-intent policy held the call: the same request already exists
 #: under another key; nothing was registered.
 DUPLICATE_INTENT: Final = (
-    "possible duplicate: the same {subject} was already requested a moment ago, so the tool "
-    "did not run. Do not call it again unless the user confirms that this is a second, "
-    "separate {subject}."
+    "possible duplicate: the same {subject} was already requested recently under another "
+    "request, so the tool did not run. Do not call it again; tell the user a {subject} like "
+    "this was already made or is being made, and ask whether a second one is really wanted "
+    "(the application has to confirm it as a new request)."
 )
 
 #: No key could be found: the client sent none and the server derives none.
