@@ -12,6 +12,8 @@
 mod common;
 #[path = "scenarios/harness.rs"]
 mod harness;
+#[path = "scenarios/rust_runner.rs"]
+mod rust_runner;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -72,6 +74,16 @@ fn assert_finals(prefix: &str, mismatches: &[String]) {
         "the journal or the provider disagrees with clients/scenarios.yaml for {prefix}:\n{}",
         mismatches.join("\n")
     );
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_rust_client_passes_every_scenario(pool: PgPool) {
+    let (app, server, control) = stand(pool).await;
+    let addr = server.addr.to_string();
+    if let Err(failures) = rust_runner::run_all(&addr, &app.sandbox_url, &control, "rust").await {
+        panic!("the Rust client failed scenarios:\n{failures}");
+    }
+    assert_finals("rust", &check_finals(&app, "rust").await);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
