@@ -175,7 +175,14 @@ async fn langchain_tools_are_journaled_through_langgraph(pool: PgPool) {
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn the_python_agent_examples_pay_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    pytest(&app, &["tests/integrations/test_examples.py"]).await;
+    pytest(
+        &app,
+        &[
+            "tests/integrations/test_examples.py",
+            "tests/integrations/test_messages.py",
+        ],
+    )
+    .await;
 
     for key in ["payment:intent-example-oa", "payment:intent-example-lc"] {
         let done = row(&app, key).await.unwrap();
