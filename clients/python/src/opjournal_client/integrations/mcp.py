@@ -67,6 +67,8 @@ _CONTEXT_PARAM = "opjournal_mcp_context"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The server's key for a call without a client key: a function of the validated arguments
+#: (JSON values) and the request context.
 KeyFunction = Callable[[Mapping[str, Any], Context], str]
 
 
