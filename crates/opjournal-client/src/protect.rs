@@ -14,7 +14,8 @@ use serde_json::Value;
 
 use crate::client::JournalClient;
 use crate::error::ClientError;
-use crate::execute::{ExecuteOptions, Executed, ProviderCall};
+use crate::execute::{ExecuteOptions, ProviderCall};
+use crate::executed::Executed;
 use crate::intent::Intent;
 use crate::provider::{ProviderError, ProviderOutcome, ProviderSuccess};
 
