@@ -97,6 +97,7 @@ async fn mcp_tools_are_journaled_through_the_sdks_client_session(pool: PgPool) {
     // replayed. The same key sent in params._meta named the same row.
     for key in [
         "mcp:create_payment:order-817-payment",
+        "mcp:create_payment_async:order-821-payment",
         "mcp:create_payment_no_wait:order-819-payment",
         "mcp:create_payment:order-818-payment",
     ] {
@@ -119,7 +120,7 @@ async fn mcp_tools_are_journaled_through_the_sdks_client_session(pool: PgPool) {
     );
     straight_to_succeeded(&app, "mcp:create_payment:order-830").await;
     // Refused calls (no key, malformed or refused keys, the conflicts) wrote nothing.
-    assert_eq!(total_rows(&app).await, 5);
+    assert_eq!(total_rows(&app).await, 6);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

@@ -62,6 +62,14 @@ def build_server(journal, provider) -> MCPServer:
         return provider.pay(order_id, amount_minor, currency, fault="commit-then-timeout", timeout=0.3)
 
     @journaled_tool(
+        server, client=journal, action_type="create_payment", subject="payment", name="create_payment_async"
+    )
+    async def create_payment_async(order_id: str, amount_minor: int, currency: str) -> dict:
+        """An async tool: it awaits before it pays, where a cancellation would strike."""
+        await anyio.sleep(SLOW_SECONDS)
+        return provider.pay(order_id, amount_minor, currency)
+
+    @journaled_tool(
         server,
         client=journal,
         action_type="create_payment",
@@ -109,6 +117,22 @@ async def test_a_lost_answer_is_retried_with_the_same_key_and_pays_once(server, 
         assert not again.is_error, text_of(again)
         assert again.structured_content["result"] == payment
 
+    assert provider.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}
+
+
+async def test_an_async_tool_is_not_cancelled_by_a_client_that_gave_up(server, provider):
+    key = "mcp:create_payment_async:order-821-payment"
+    pay = dict(PAY, order_id="821")
+    async with Client(server, mode="legacy") as client:
+        with pytest.raises(MCPError):
+            await call_tool_with_key(
+                client.session, "create_payment_async", pay, "order-821-payment", read_timeout_seconds=0.3
+            )
+        retried = await call_tool_with_key(
+            client.session, "create_payment_async", pay, "order-821-payment", read_timeout_seconds=30
+        )
+        assert not retried.is_error, text_of(retried)
+        assert retried.structured_content["result"]["status"] == "succeeded"
     assert provider.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}
 
 
