@@ -569,3 +569,55 @@ async fn every_call_has_a_deadline() {
     );
     silent.abort();
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_protected_function_can_key_its_intent_by_a_server_derived_key(pool: PgPool) {
+    let app = TestApp::spawn_with_options(
+        pool,
+        SpawnOptions {
+            key_secret: Some("a-test-derivation-secret-of-32-bytes!".to_owned()),
+            ..SpawnOptions::default()
+        },
+    )
+    .await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let url = app.sandbox_url.clone();
+    let counted = calls.clone();
+    // The reference names a person: it goes to DeriveOperationKey only, never into a key.
+    let pay = Protected::with_args_as_payload(
+        client(&app),
+        "create_payment",
+        |args: &Charge| {
+            format!(
+                "customer jane.doe@example.com/order-{}/{}",
+                args.order_id, args.intent
+            )
+        },
+        move |args: Charge, call: ProviderCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            charge_fallibly(url.clone(), None, args, call)
+        },
+    )
+    .derive_key_on_server();
+    let args = Charge {
+        order_id: "817".into(),
+        intent: 1,
+        amount_minor: 1000,
+    };
+    let key = pay.key(&args).await.unwrap();
+    assert!(key.starts_with("ok_") && !key.contains("jane"), "{key}");
+
+    let first = pay.call(args.clone()).await.unwrap();
+    assert!(
+        matches!(&first, Executed::Succeeded { operation, replayed: false } if operation.operation_key == key),
+        "{first:?}"
+    );
+    let again = pay.call(args).await.unwrap();
+    assert!(
+        matches!(again, Executed::Succeeded { replayed: true, .. }),
+        "{again:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(app.counts(&key).effects, 1);
+    assert_eq!(app.rows_for(&key).await, 1);
+}
