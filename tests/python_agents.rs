@@ -170,7 +170,17 @@ async fn langchain_tools_are_journaled_through_langgraph(pool: PgPool) {
     // The held duplicate wrote nothing; the first intent paid once.
     succeeded_once(row(&app, "lc:intent-704:pay").await);
     assert_eq!(app.rows_for("lc:intent-705:pay").await, 0);
-    assert_eq!(total_rows(&app).await, 5);
+    // The unknown payment the reconciler found: settled by the lookup, then replayed.
+    let found = row(&app, "lc:intent-706:pay").await.unwrap();
+    assert_eq!(
+        (found.status.as_str(), found.attempt_count),
+        ("succeeded", 1)
+    );
+    assert!(found.external_id.is_some_and(|id| id.starts_with("pay_")));
+    let history = transitions(&app, "lc:intent-706:pay").await;
+    let statuses: Vec<&str> = history.iter().map(|(_, to)| to.as_str()).collect();
+    assert_eq!(statuses, ["in_progress", "unknown", "succeeded"]);
+    assert_eq!(total_rows(&app).await, 6);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

@@ -15,6 +15,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
+from opjournal.v1 import journal_pb2 as opjournal_pb2
 from opjournal_client.integrations import messages
 from opjournal_client.integrations.langchain import journaled_tool
 
@@ -148,3 +149,18 @@ def test_the_same_payment_under_a_second_intent_is_held_as_a_duplicate(journal, 
     assert second.content == messages.DUPLICATE_INTENT.format(subject="payment")
     assert provider.effects("lc:intent-704:pay")["effects"] == 1
     assert provider.effects("lc:intent-705:pay")["requests"] == 0
+
+
+def test_once_the_reconciler_found_the_payment_the_same_call_returns_it(journal, provider):
+    tool = payment_tool(journal, provider, fault="commit-then-timeout")
+    pay = dict(PAY, order_id="706")
+    unknown = tool.invoke(call(pay, "call_1"), config("intent-706"))
+    assert unknown.content == messages.VERIFICATION_REQUIRED.format(subject="payment")
+    # The reconciler asks the provider by the provider key and finds the payment.
+    settled = journal.reconcile("lc:intent-706:pay")
+    assert settled.operation.status == opjournal_pb2.OPERATION_STATUS_SUCCEEDED
+    found = tool.invoke(call(pay, "call_2"), config("intent-706"))
+    assert found.status == "success"
+    assert json.loads(found.content)["id"] == settled.operation.external_id
+    counts = provider.effects("lc:intent-706:pay")
+    assert (counts["requests"], counts["effects"], counts["lookups"]) == (1, 1, 1)
