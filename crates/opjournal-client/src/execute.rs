@@ -35,7 +35,9 @@ const FIRST_POLL: Duration = Duration::from_millis(200);
 const LONGEST_POLL: Duration = Duration::from_secs(2);
 
 /// How [`JournalClient::execute_with`] treats answers that call nothing. The default waits
-/// for nothing: `IN_PROGRESS` and `VERIFICATION_REQUIRED` are returned at once.
+/// for nothing: `IN_PROGRESS` and `VERIFICATION_REQUIRED` are returned at once. While
+/// waiting, a Begin that gets no answer (a transient error) does not end the wait; the last
+/// answer stands.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ExecuteOptions {
@@ -253,8 +255,14 @@ impl JournalClient {
     ) -> Result<Begun, ClientError> {
         let started = Instant::now();
         let mut poll = FIRST_POLL;
+        let mut previous = None;
         loop {
-            let begun = self.begin(intent).await?;
+            let begun = match (self.begin(intent).await, previous.take()) {
+                (Ok(begun), _) => begun,
+                // While waiting, a Begin without an answer leaves the last answer standing.
+                (Err(err), Some(previous)) if err.is_transient() => previous,
+                (Err(err), _) => return Err(err),
+            };
             let (deadline, retry_after) = match &begun {
                 Begun::InProgress { retry_after, .. } => {
                     (options.in_progress_wait, Some(*retry_after))
@@ -272,6 +280,7 @@ impl JournalClient {
             }
             tokio::time::sleep(pause).await;
             poll = (poll * 2).min(LONGEST_POLL);
+            previous = Some(begun);
         }
     }
 
