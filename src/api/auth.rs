@@ -10,7 +10,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tonic::metadata::{Ascii, MetadataMap, MetadataValue};
+use tonic::metadata::MetadataMap;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
@@ -161,56 +161,9 @@ pub fn refused(caller: &Caller, error: AccessError) -> Status {
     error.into()
 }
 
-/// The client side: adds `authorization: Bearer <token>` to every call (or nothing).
-#[derive(Clone, Default)]
-pub struct BearerToken(Option<MetadataValue<Ascii>>);
-
-/// A token that cannot be sent in a header.
-#[derive(Debug, thiserror::Error)]
-#[error("the token must be non-empty printable ASCII")]
-pub struct InvalidToken;
-
-impl BearerToken {
-    /// Sends `token`.
-    ///
-    /// Errors: [`InvalidToken`] for an empty token or one with characters a header cannot
-    /// carry.
-    pub fn new(token: &str) -> Result<Self, InvalidToken> {
-        if token.is_empty() {
-            return Err(InvalidToken);
-        }
-        let mut value: MetadataValue<Ascii> = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| InvalidToken)?;
-        // Keeps the value out of HTTP/2 header compression tables.
-        value.set_sensitive(true);
-        Ok(Self(Some(value)))
-    }
-
-    /// Sends no token.
-    pub fn none() -> Self {
-        Self(None)
-    }
-}
-
-impl fmt::Debug for BearerToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "BearerToken(..)"
-        } else {
-            "BearerToken(none)"
-        })
-    }
-}
-
-impl Interceptor for BearerToken {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(value) = &self.0 {
-            request.metadata_mut().insert(AUTHORIZATION, value.clone());
-        }
-        Ok(request)
-    }
-}
+/// The client side: adds `authorization: Bearer <token>` to every call (or nothing); the
+/// client crate's interceptor, used by the operator console and the tests.
+pub use opjournal_client::{BearerToken, InvalidToken};
 
 #[cfg(test)]
 mod tests {
