@@ -17,10 +17,9 @@ mod rust_runner;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::TestApp;
-use common::client_suites::{repo, tool};
+use common::client_suites::{repo, run_program, tool};
 use harness::{RestartableServer, check_finals, spawn_control};
 use sqlx::PgPool;
 
@@ -43,29 +42,13 @@ async fn run_runner(
     dir: &Path,
     setup: &str,
 ) -> String {
-    let (program, args) = command;
-    let child = tokio::process::Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .env("OPJOURNAL_TEST_SERVER", server.addr.to_string())
-        .env("OPJOURNAL_TEST_SANDBOX_URL", &app.sandbox_url)
-        .env("OPJOURNAL_TEST_CONTROL_URL", control)
-        .env("OPJOURNAL_SCENARIO_PREFIX", prefix)
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(300), child)
-        .await
-        .unwrap_or_else(|_| panic!("{} {args:?} did not finish in 300 s", program.display()))
-        .unwrap_or_else(|error| panic!("cannot run {} ({error}); {setup}", program.display()));
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{} {args:?} failed ({}):\n{stdout}\n{stderr}\n(environment: {setup})",
-        program.display(),
-        output.status
-    );
-    stdout
+    let env = [
+        ("OPJOURNAL_TEST_SERVER", server.addr.to_string()),
+        ("OPJOURNAL_TEST_SANDBOX_URL", app.sandbox_url.clone()),
+        ("OPJOURNAL_TEST_CONTROL_URL", control.to_owned()),
+        ("OPJOURNAL_SCENARIO_PREFIX", prefix.to_owned()),
+    ];
+    run_program(command.0, command.1, dir, &env, setup).await
 }
 
 fn assert_finals(prefix: &str, mismatches: &[String]) {

@@ -36,12 +36,27 @@ pub async fn run_suite(
     dir: &Path,
     setup: &str,
 ) -> String {
+    let env = [
+        ("OPJOURNAL_TEST_SERVER", app.addr.to_string()),
+        ("OPJOURNAL_TEST_SANDBOX_URL", app.sandbox_url.clone()),
+        ("OPJOURNAL_TEST_TOKEN", CLIENT_TOKEN.to_owned()),
+    ];
+    run_program(program, args, dir, &env, setup).await
+}
+
+/// Runs `program args` in `dir` with `env` added, within 300 s; asserts that it exited 0 and
+/// returns its standard output. `setup` names what prepares the program's environment.
+pub async fn run_program(
+    program: &Path,
+    args: &[&str],
+    dir: &Path,
+    env: &[(&str, String)],
+    setup: &str,
+) -> String {
     let child = tokio::process::Command::new(program)
         .args(args)
         .current_dir(dir)
-        .env("OPJOURNAL_TEST_SERVER", app.addr.to_string())
-        .env("OPJOURNAL_TEST_SANDBOX_URL", &app.sandbox_url)
-        .env("OPJOURNAL_TEST_TOKEN", CLIENT_TOKEN)
+        .envs(env.iter().map(|(name, value)| (name, value)))
         .kill_on_drop(true)
         .output();
     let output = tokio::time::timeout(Duration::from_secs(300), child)
