@@ -18,10 +18,14 @@
  * {@link withIdempotencyKeys}; `params._meta.idempotencyKey` works with any transport.
  *
  * A retried call with the same key and arguments gets the stored result without calling
- * the provider again; a key reused with other arguments, an unknown outcome, a rejection,
- * another holder's live lease and a suspected duplicate come back as tool errors
- * (`isError: true`) whose text tells the model what happened and what to do
- * ({@link TOOL_ERROR_TEXT}).
+ * the provider again. Every other outcome — a key reused with other arguments, an unknown
+ * outcome, a rejection, another holder's live lease, a suspected duplicate, a missing,
+ * malformed or refused key, an unreachable journal, a lease taken over — comes back as a
+ * tool error (`isError: true`) whose only content is the text that tells the model what
+ * happened and what to do ({@link TOOL_ERROR_TEXT}, the same texts as the Python
+ * integrations), with its kind in `_meta["opjournal.dev/outcome"]`. Other errors (a
+ * malformed request, a refused token) are thrown, and the SDK answers them as it answers
+ * any failing tool.
  *
  * @module
  */
@@ -39,7 +43,12 @@ import type {
 } from "@modelcontextprotocol/sdk/types.js";
 
 import type { JournalClient } from "./client.js";
-import { IdempotencyKeyReusedError, InvalidArgumentError, LeaseLostError, OpjournalError } from "./errors.js";
+import {
+  IdempotencyKeyReusedError,
+  InvalidArgumentError,
+  JournalUnavailableError,
+  LeaseLostError,
+} from "./errors.js";
 import { execute, type Outcome } from "./execute.js";
 import {
   classifierOptions,
@@ -98,46 +107,145 @@ function lift(message: JSONRPCMessage): JSONRPCMessage {
   return { ...message, params: { ...params, _meta: { ...meta, [LIFTED_KEY_META]: key } } };
 }
 
-/** The texts of the tool errors, for the model that reads them (no keys, no arguments). */
+/**
+ * What the model reads when a journaled tool did not simply run, by kind: the same
+ * templates, word for word, as the Python integrations' `opjournal_client.integrations.messages`
+ * (both are checked against the table of `docs/agent-tools.md`).
+ *
+ * Each text starts with a short label (`verification required:`, `conflict:` …) that a
+ * program can match, then tells the model what to do. Placeholders: `{subject}` the tool's
+ * noun for its effect ({@link JournaledToolOptions.subject}, "operation" by default),
+ * `{retry_after}` whole seconds, `{error_code}` the provider's short code; fill them with
+ * {@link toolErrorText}. The texts never quote arguments, keys or results.
+ */
 export const TOOL_ERROR_TEXT = {
-  verificationRequired: (tool: string) =>
-    `verification required: the outcome of this ${tool} call is not known yet and it may ` +
-    `have taken effect. Do not call this tool again for it with another idempotency key or ` +
-    `changed arguments, and do not tell the user it failed: it is being verified. Call it ` +
-    `again later with the same idempotencyKey and the same arguments to get the verified result.`,
-  conflict: (tool: string) =>
-    `conflict: this idempotency key was already used for a ${tool} call with other ` +
-    `arguments; nothing was done now. To repeat the earlier call, send its original ` +
-    `arguments; for a new, different request use a new idempotencyKey.`,
-  failed: (tool: string, errorCode: string) =>
-    `failed: the provider rejected this ${tool} call (${errorCode}); nothing happened. ` +
-    `Repeating the same request gives the same answer; change what caused the rejection ` +
-    `and use a new idempotencyKey.`,
-  inProgress: (tool: string, retryAfterMs: number) =>
-    `in progress: this ${tool} call is still running. Call it again in about ` +
-    `${Math.max(1, Math.ceil(retryAfterMs / 1000))} s with the same idempotencyKey and the ` +
-    `same arguments to get its result; do not use another key.`,
-  duplicate: (tool: string) =>
-    `duplicate suspected: a ${tool} call with the same arguments was already made under ` +
-    `another idempotency key; nothing was done. Do not repeat it; if this really is a new, ` +
-    `separate request, ask the user to confirm.`,
-  noKey: (tool: string) =>
-    `missing idempotency key: ${tool} has a side effect and needs an idempotencyKey with ` +
-    `the call (a new unique value for a new request, the same value when repeating it).`,
-  twoKeys: (tool: string) =>
-    `invalid request: this ${tool} call carries two different idempotency keys; send one.`,
-  invalid: (tool: string, reason: string) =>
-    `invalid request: the journal refused this ${tool} call (${reason || "INVALID_ARGUMENT"}); ` +
-    `nothing was done.`,
-  leaseLost: (tool: string) =>
-    `interrupted: this ${tool} call was taken over by another worker before its outcome ` +
-    `was recorded. Call it again with the same idempotencyKey and the same arguments to get ` +
-    `the recorded result; do not use another key.`,
-  unavailable: (tool: string) =>
-    `unavailable: the operation journal could not record this ${tool} call right now; it ` +
-    `may or may not have taken effect. Call it again later with the same idempotencyKey ` +
-    `and the same arguments; do not use another key.`,
+  /**
+   * Begin answered VERIFICATION_REQUIRED, or this call's provider outcome was unknown (a
+   * timeout, a reset, a 5xx): the effect may have happened. The reconcile worker asks the
+   * provider; when no lookup can prove the outcome, a person settles it in the review queue.
+   */
+  verification_required:
+    "verification required: the outcome of this {subject} is not known yet (the provider " +
+    "may or may not have carried it out). Do not call this tool again for it, not even with " +
+    "other arguments; it is being checked with the provider, and if that cannot settle it a " +
+    "person will review it. Tell the user the {subject} is being verified.",
+  /** The key is bound to other arguments (`IDEMPOTENCY_KEY_REUSED`); the provider was not called. */
+  conflict:
+    "conflict: this idempotency key was already used with other arguments, so the tool did " +
+    "not run. Do not retry it with changed arguments under the same request; if the user " +
+    "wants a different {subject}, that is a new request and needs a new key from the " +
+    "application.",
+  /** Another call with the same key holds the lease and did not finish within the wait. */
+  in_progress:
+    "in progress: an earlier call for this {subject} is still running, so the tool did not " +
+    "run again. Do not start another {subject}; call this tool again with the same " +
+    "arguments in about {retry_after} seconds to get its result.",
+  /** The provider proved that nothing happened (a `ProviderRejected`); replays answer the same. */
+  rejected:
+    "rejected: the provider declined this {subject} ({error_code}) and nothing was carried " +
+    "out. Do not retry it with the same arguments; tell the user why it was declined.",
+  /**
+   * The action's duplicate-intent policy held the call: the same request already exists
+   * under another key; nothing was registered.
+   */
+  duplicate_intent:
+    "possible duplicate: the same {subject} was already requested recently under another " +
+    "request, so the tool did not run. Do not call it again; tell the user a {subject} like " +
+    "this was already made or is being made, and ask whether a second one is really wanted " +
+    "(the application has to confirm it as a new request).",
+  /** No key could be found: the client sent none and the server derives none. */
+  key_required:
+    "idempotency key required: this tool only runs with an idempotency key from the " +
+    "application, so it did not run. This is not something you can fix by changing the " +
+    "arguments; tell the user the {subject} could not be started.",
+  /**
+   * The client's key is malformed (not 1-128 characters of `[A-Za-z0-9._:-]`), the call
+   * carries two different keys, or the journal refused the key
+   * (`KEY_CONTAINS_SENSITIVE_DATA`, `KEY_PATTERN_MISMATCH`, `INVALID_OPERATION_KEY`);
+   * nothing was written.
+   */
+  invalid_key:
+    "invalid idempotency key: the application's key for this call is malformed or not " +
+    "allowed, so the tool did not run. Changing the arguments will not help; tell the user " +
+    "the {subject} could not be started.",
+  /**
+   * The journal could not be reached before anything was registered, or could not record
+   * the outcome (`UNAVAILABLE`, `DEADLINE_EXCEEDED`). Calling again with the same key is safe.
+   */
+  journal_unavailable:
+    "temporarily unavailable: the operation journal could not be reached, so this {subject} " +
+    "was not confirmed. It is safe to call this tool again with the same arguments in a few " +
+    "seconds; it will not be carried out twice.",
+  /**
+   * The call's lease was taken over by another holder before its outcome was recorded
+   * (`LEASE_LOST`): that holder's outcome counts.
+   */
+  lease_lost:
+    "interrupted: this {subject} was taken over by another worker before its outcome was " +
+    "recorded. Do not start another {subject}; call this tool again with the same arguments " +
+    "in a few seconds to get the recorded result.",
 } as const;
+
+/**
+ * The kind of a tool error, as in the Python integrations' `JournaledToolError.kind` and in
+ * the result's `_meta["opjournal.dev/outcome"]` ({@link OUTCOME_META_KEY}).
+ */
+export type ToolErrorKind = keyof typeof TOOL_ERROR_TEXT;
+
+/** The `_meta` member of a tool error result that names its {@link ToolErrorKind}. */
+export const OUTCOME_META_KEY = "opjournal.dev/outcome";
+
+/** What fills the placeholders of {@link TOOL_ERROR_TEXT} (named as the placeholders). */
+export interface ToolErrorValues {
+  /** The tool's noun for its effect; default "operation". */
+  subject?: string;
+  /** Whole seconds (`in_progress`). */
+  retry_after?: number;
+  /** The provider's short code (`rejected`). */
+  error_code?: string;
+}
+
+/**
+ * The text of `kind` with its placeholders filled.
+ *
+ * @throws {RangeError} the template has a placeholder that `values` does not give (a bug).
+ */
+export function toolErrorText(kind: ToolErrorKind, values: ToolErrorValues = {}): string {
+  const filled: Record<string, string | number | undefined> = {
+    ...values,
+    subject: values.subject ?? "operation",
+  };
+  return TOOL_ERROR_TEXT[kind].replace(/\{([a-z_]+)\}/g, (_, name: string) => {
+    const value = filled[name];
+    if (value === undefined) {
+      throw new RangeError(`no value for {${name}} in the ${kind} text`);
+    }
+    return String(value);
+  });
+}
+
+/**
+ * Whole seconds of a `retry_after` for the `in_progress` text: at least 1, rounded half to
+ * even as the Python integrations round it.
+ */
+export function retryAfterSeconds(retryAfterMs: number): number {
+  const seconds = retryAfterMs / 1000;
+  let rounded = Math.round(seconds);
+  if (rounded - seconds === 0.5 && rounded % 2 !== 0) {
+    rounded -= 1;
+  }
+  return Math.max(1, rounded);
+}
+
+/** A client's idempotency key: 1-128 characters of `[A-Za-z0-9._:-]`. */
+export const CLIENT_KEY_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
+
+/** The journal's reasons for refusing a key (nothing is written); answered `invalid_key`. */
+const KEY_REFUSED_REASONS: ReadonlySet<string> = new Set([
+  "KEY_CONTAINS_SENSITIVE_DATA",
+  "KEY_PATTERN_MISMATCH",
+  "INVALID_OPERATION_KEY",
+]);
 
 /**
  * How a journaled tool runs; `Args` are the tool's validated arguments, `R` the provider
@@ -151,7 +259,13 @@ export interface JournaledToolOptions<Args, R> {
   /** The tenant namespace; absent means `default`. */
   namespace?: string;
   /**
-   * Turns the client's idempotency key into the journal's key; default
+   * The tool's noun for its effect in the texts the model reads ({@link TOOL_ERROR_TEXT}),
+   * e.g. `"payment"`; default `"operation"`.
+   */
+  subject?: string;
+  /**
+   * Turns the client's idempotency key (checked first: 1-128 characters of
+   * `[A-Za-z0-9._:-]`, else `invalid_key`) into the journal's key; default
    * `` (key) => `mcp:${tool}:${key}` ``. Scope it further with what the server knows of the
    * caller (the authenticated user in `extra.authInfo`), so that two users' keys never
    * meet. `false`: ignore keys sent by clients.
@@ -159,8 +273,8 @@ export interface JournaledToolOptions<Args, R> {
   clientKey?: false | ((idempotencyKey: string, extra: ToolExtra) => string);
   /**
    * The key the server's code derives when the client sent none (e.g. from an order id in
-   * the arguments, or a run id the server holds); undefined: the call is refused with a
-   * tool error asking for an idempotencyKey.
+   * the arguments, or a run id the server holds); undefined: the call is refused with the
+   * `key_required` tool error.
    */
   deriveKey?: (args: Args, extra: ToolExtra) => string | undefined;
   /** What is hashed as the payload: default the arguments. */
@@ -220,8 +334,13 @@ export function registerJournaledTool<Shape extends ZodRawShapeCompat, R>(
   return server.registerTool(name, config, run as never);
 }
 
-function toolError(text: string): CallToolResult {
-  return { content: [{ type: "text", text }], isError: true };
+/** The tool error of `kind`: its text as the only content, its kind in `_meta`. */
+function toolError(kind: ToolErrorKind, values: ToolErrorValues): CallToolResult {
+  return {
+    content: [{ type: "text", text: toolErrorText(kind, values) }],
+    isError: true,
+    _meta: { [OUTCOME_META_KEY]: kind },
+  };
 }
 
 function keyOf<Args, R>(
@@ -230,22 +349,29 @@ function keyOf<Args, R>(
   args: Args,
   extra: ToolExtra,
 ): { key: string } | { error: CallToolResult } {
-  const meta = (extra._meta ?? {}) as Record<string, unknown>;
-  const sent = [meta[LIFTED_KEY_META], meta.idempotencyKey].filter(
-    (value): value is string => typeof value === "string" && value !== "",
-  );
-  if (sent.length === 2 && sent[0] !== sent[1]) {
-    return { error: toolError(TOOL_ERROR_TEXT.twoKeys(tool)) };
-  }
+  const subject = { subject: options.subject };
   const clientKey = options.clientKey ?? ((key: string) => `mcp:${tool}:${key}`);
-  if (sent[0] !== undefined && clientKey !== false) {
-    return { key: clientKey(sent[0], extra) };
+  if (clientKey !== false) {
+    const meta = (extra._meta ?? {}) as Record<string, unknown>;
+    const sent = [meta[LIFTED_KEY_META], meta.idempotencyKey].filter(
+      (value) => value !== undefined && value !== null,
+    );
+    if (sent.length === 2 && sent[0] !== sent[1]) {
+      return { error: toolError("invalid_key", subject) };
+    }
+    const key = sent[0];
+    if (key !== undefined) {
+      if (typeof key !== "string" || !CLIENT_KEY_PATTERN.test(key)) {
+        return { error: toolError("invalid_key", subject) };
+      }
+      return { key: clientKey(key, extra) };
+    }
   }
   const derived = options.deriveKey?.(args, extra);
   if (derived !== undefined && derived !== "") {
     return { key: derived };
   }
-  return { error: toolError(TOOL_ERROR_TEXT.noKey(tool)) };
+  return { error: toolError("key_required", subject) };
 }
 
 function successResult(result: unknown): CallToolResult {
@@ -291,30 +417,33 @@ async function runJournaled<Args, R>(
       },
     );
   } catch (error) {
+    const subject = { subject: options.subject };
     if (error instanceof IdempotencyKeyReusedError) {
-      return toolError(TOOL_ERROR_TEXT.conflict(tool));
+      return toolError("conflict", subject);
+    }
+    if (error instanceof JournalUnavailableError) {
+      return toolError("journal_unavailable", subject);
     }
     if (error instanceof LeaseLostError) {
-      return toolError(TOOL_ERROR_TEXT.leaseLost(tool));
+      return toolError("lease_lost", subject);
     }
-    if (error instanceof InvalidArgumentError) {
-      return toolError(TOOL_ERROR_TEXT.invalid(tool, error.reason));
+    if (error instanceof InvalidArgumentError && KEY_REFUSED_REASONS.has(error.reason)) {
+      return toolError("invalid_key", subject);
     }
-    if (error instanceof OpjournalError) {
-      return toolError(TOOL_ERROR_TEXT.unavailable(tool));
-    }
+    // Any other error is not a tool outcome (a malformed request, a refused token, a bug).
     throw error;
   }
+  const subject = options.subject;
   switch (outcome.kind) {
     case "succeeded":
       return (options.toResult ?? successResult)(outcome.result, outcome);
     case "failed_final":
-      return toolError(TOOL_ERROR_TEXT.failed(tool, outcome.errorCode ?? "rejected"));
+      return toolError("rejected", { subject, error_code: outcome.errorCode || "rejected" });
     case "verification_required":
-      return toolError(TOOL_ERROR_TEXT.verificationRequired(tool));
+      return toolError("verification_required", { subject });
     case "in_progress":
-      return toolError(TOOL_ERROR_TEXT.inProgress(tool, outcome.retryAfterMs));
+      return toolError("in_progress", { subject, retry_after: retryAfterSeconds(outcome.retryAfterMs) });
     case "duplicate_intent_suspected":
-      return toolError(TOOL_ERROR_TEXT.duplicate(tool));
+      return toolError("duplicate_intent", { subject });
   }
 }

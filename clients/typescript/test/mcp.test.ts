@@ -7,9 +7,13 @@
  * or add a sandbox fault header for one idempotency key. No language model: the client's
  * calls are the ones a model's host would send. `tests/typescript_client.rs` then checks
  * the journal rows and the sandbox's counts.
+ *
+ * The texts the model reads are checked word for word against the table of
+ * `docs/agent-tools.md`, which the Python integrations' texts are checked against too.
  */
 
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, test } from "node:test";
@@ -22,8 +26,22 @@ import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { ErrorCode, McpError, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { z } from "zod";
 
-import { currentCall, registerJournaledTool, TOOL_ERROR_TEXT, withIdempotencyKeys } from "../src/mcp.js";
-import { connect, Sandbox } from "./harness.js";
+import { Code } from "@connectrpc/connect";
+
+import { JournalClient, JournalUnavailableError, OperationNotFoundError, v1 } from "../src/index.js";
+import {
+  currentCall,
+  OUTCOME_META_KEY,
+  registerJournaledTool,
+  retryAfterSeconds,
+  TOOL_ERROR_TEXT,
+  toolErrorText,
+  withIdempotencyKeys,
+  type JournaledToolOptions,
+  type ToolErrorKind,
+  type ToolErrorValues,
+} from "../src/mcp.js";
+import { connect, Sandbox, waitFor } from "./harness.js";
 
 const sandbox = new Sandbox();
 const journal = connect();
@@ -115,6 +133,52 @@ function text(result: CallToolResult): string {
   return first.text;
 }
 
+/** Asserts that `result` is the tool error of `kind`: that text alone, the kind in `_meta`. */
+function assertToolError(result: CallToolResult, kind: ToolErrorKind, values: ToolErrorValues): void {
+  assert.equal(result.isError, true, text(result));
+  assert.equal(result.content.length, 1);
+  assert.equal(text(result), toolErrorText(kind, values));
+  assert.equal(result._meta?.[OUTCOME_META_KEY], kind);
+}
+
+/** docs/agent-tools.md, from the repository root. */
+const DOC = fileURLToPath(new URL("../../../../docs/agent-tools.md", import.meta.url));
+/** The values the docs table fills in, as the Python test fills them. */
+const DOC_VALUES = { subject: "payment", retry_after: 5, error_code: "card_declined" };
+
+test("every text is the docs table's, word for word, as the Python texts are", () => {
+  const table = new Map<string, string>();
+  for (const line of readFileSync(DOC, "utf8").split("\n")) {
+    const cells = line.trim().replace(/^\|+|\|+$/g, "").split("|").map((cell) => cell.trim());
+    if (cells.length === 3 && /^`[a-z_]+`$/.test(cells[0] ?? "")) {
+      table.set((cells[0] ?? "").replaceAll("`", ""), cells[2] ?? "");
+    }
+  }
+  assert.deepEqual([...table.keys()].sort(), Object.keys(TOOL_ERROR_TEXT).sort());
+  for (const kind of Object.keys(TOOL_ERROR_TEXT) as ToolErrorKind[]) {
+    const filled = toolErrorText(kind, DOC_VALUES);
+    assert.ok(!filled.includes("{"), kind);
+    assert.equal(filled, table.get(kind), kind);
+  }
+  // The default subject, and a placeholder without a value is a bug, not a text.
+  assert.match(toolErrorText("verification_required"), /^verification required: the outcome of this operation /);
+  assert.equal(toolErrorText("conflict", { subject: undefined }), toolErrorText("conflict", { subject: "operation" }));
+  assert.throws(() => toolErrorText("in_progress", { subject: "payment" }), RangeError);
+});
+
+test("an unknown outcome's text tells the model not to call again", () => {
+  const unknown = TOOL_ERROR_TEXT.verification_required;
+  assert.match(unknown, /Do not call this tool again for it, not even with other arguments/);
+  assert.doesNotMatch(unknown, /call (it|this tool) again (later|with|in)/);
+});
+
+test("retry_after is whole seconds, at least 1, rounded as Python rounds", () => {
+  const cases: [number, number][] = [[0, 1], [400, 1], [1500, 2], [2500, 2], [3500, 4], [29_600, 30], [30_000, 30]];
+  for (const [ms, seconds] of cases) {
+    assert.equal(retryAfterSeconds(ms), seconds, `${ms} ms`);
+  }
+});
+
 const ORDER = { order_id: "mcp-1", amount_minor: 4900, currency: "EUR" };
 
 test("a call whose answer the client lost is repeated with its idempotency key and pays once", async () => {
@@ -154,9 +218,7 @@ test("the key may also come in _meta.idempotencyKey", async () => {
 test("a key reused with other arguments is a tool error that says so", async () => {
   const key = "9b2f0c6e-lost-answer";
   const conflict = await pay({ ...ORDER, amount_minor: 9900 }, key);
-  assert.equal(conflict.isError, true);
-  assert.equal(text(conflict), TOOL_ERROR_TEXT.conflict("create_payment"));
-  assert.match(text(conflict), /^conflict: this idempotency key was already used .* with other arguments/);
+  assertToolError(conflict, "conflict", { subject: "payment" });
   assert.deepEqual(await sandbox.effects(`mcp:create_payment:${key}`), { requests: 1, effects: 1, lookups: 0 });
 });
 
@@ -166,12 +228,10 @@ test("an unknown outcome is a tool error telling the model not to call again", a
   const args = { ...ORDER, order_id: "mcp-unknown" };
 
   const unknown = await pay(args, key);
-  assert.equal(unknown.isError, true);
-  assert.match(text(unknown), /^verification required: the outcome of this create_payment call is not known yet/);
-  assert.match(text(unknown), /Do not call this tool again for it with another idempotency key/);
-  // Repeated: the provider is not called again until the outcome is reconciled.
+  assertToolError(unknown, "verification_required", { subject: "payment" });
+  // Repeated anyway: the provider is not called again until the outcome is reconciled.
   const repeated = await pay(args, key);
-  assert.equal(text(repeated), text(unknown));
+  assertToolError(repeated, "verification_required", { subject: "payment" });
   assert.deepEqual(await sandbox.effects(`mcp:create_payment:${key}`), { requests: 1, effects: 1, lookups: 0 });
 });
 
@@ -179,8 +239,7 @@ test("a confirmed rejection is a tool error naming its code", async () => {
   const key = "9b2f0c6e-declined";
   rules.set(`mcp:create_payment:${key}`, { fault: "reject" });
   const declined = await pay({ ...ORDER, order_id: "mcp-declined" }, key);
-  assert.equal(declined.isError, true);
-  assert.equal(text(declined), TOOL_ERROR_TEXT.failed("create_payment", "card_declined"));
+  assertToolError(declined, "rejected", { subject: "payment", error_code: "card_declined" });
   assert.deepEqual(await sandbox.effects(`mcp:create_payment:${key}`), { requests: 1, effects: 0, lookups: 0 });
 });
 
@@ -193,15 +252,26 @@ test("without a key from the client the server's derived key holds", async () =>
   assert.deepEqual(await sandbox.effects("payment:order-mcp-derived"), { requests: 1, effects: 1, lookups: 0 });
 });
 
-/** An in-process server with one journaled tool, without a derived key. */
-async function inMemory(wrap: boolean): Promise<Client> {
+/** The tool's arguments. */
+type Order = { order_id: string; amount_minor: number; currency: string };
+
+/**
+ * An in-process server with one journaled tool, `create_payment` of action type
+ * `create_payment` (unless `options` say otherwise), without a derived key and without a
+ * subject (unless `options` give them); the handler pays at the sandbox.
+ */
+async function inMemory(
+  wrap: boolean,
+  options: Partial<JournaledToolOptions<Order, unknown>> = {},
+  handler: (args: Order) => Promise<unknown> = async (args) => sandbox.pay(currentCall().providerKey, args),
+): Promise<Client> {
   const server = new McpServer({ name: "in-memory", version: "0.2.0" });
   registerJournaledTool(
     server,
     "create_payment",
     { inputSchema: { order_id: z.string(), amount_minor: z.number(), currency: z.string() } },
-    { journal, actionType: "create_payment" },
-    async (args) => sandbox.pay(currentCall().providerKey, args),
+    { journal, actionType: "create_payment", ...options },
+    handler,
   );
   const [clientSide, serverSide] = InMemoryTransport.createLinkedPair();
   await server.connect(wrap ? withIdempotencyKeys(serverSide) : serverSide);
@@ -210,21 +280,24 @@ async function inMemory(wrap: boolean): Promise<Client> {
   return local;
 }
 
+function call(local: Client, params: Record<string, unknown>): Promise<CallToolResult> {
+  return local.callTool(params as { name: string }) as Promise<CallToolResult>;
+}
+
 test("the SDK drops a top-level idempotencyKey unless the transport is wrapped", async () => {
   const args = { ...ORDER, order_id: "mcp-in-memory" };
   const params = { name: "create_payment", arguments: args, idempotencyKey: "9b2f0c6e-top-level" };
 
   const plain = await inMemory(false);
-  const refused = (await plain.callTool(params)) as CallToolResult;
-  assert.equal(refused.isError, true);
-  assert.equal(text(refused), TOOL_ERROR_TEXT.noKey("create_payment"));
+  // No key reached the tool and it derives none; the subject defaults to "operation".
+  assertToolError(await call(plain, params), "key_required", {});
   await plain.close();
 
   const wrapped = await inMemory(true);
-  const paid = (await wrapped.callTool(params)) as CallToolResult;
+  const paid = await call(wrapped, params);
   assert.equal(paid.isError, undefined, text(paid));
-  const twoKeys = (await wrapped.callTool({ ...params, _meta: { idempotencyKey: "other" } })) as CallToolResult;
-  assert.equal(text(twoKeys), TOOL_ERROR_TEXT.twoKeys("create_payment"));
+  const twoKeys = await call(wrapped, { ...params, _meta: { idempotencyKey: "other" } });
+  assertToolError(twoKeys, "invalid_key", {});
   await wrapped.close();
 
   assert.deepEqual(await sandbox.effects("mcp:create_payment:9b2f0c6e-top-level"), {
@@ -232,4 +305,135 @@ test("the SDK drops a top-level idempotencyKey unless the transport is wrapped",
     effects: 1,
     lookups: 0,
   });
+});
+
+test("a malformed client key or a key the journal refuses is invalid_key, and nothing runs", async () => {
+  let calls = 0;
+  const local = await inMemory(
+    false,
+    { subject: "payment", deriveKey: (args) => `payment:${args.order_id}` },
+    async () => {
+      calls += 1;
+      return {};
+    },
+  );
+  const args = { ...ORDER, order_id: "mcp-bad-key" };
+  for (const idempotencyKey of ["with space", "k".repeat(129), "", "a/b", 817]) {
+    const refused = await call(local, { name: "create_payment", arguments: args, _meta: { idempotencyKey } });
+    assertToolError(refused, "invalid_key", { subject: "payment" });
+  }
+  // A key of 128 characters is accepted (and scoped to the tool).
+  const longest = "k".repeat(128);
+  const accepted = await call(local, { name: "create_payment", arguments: args, _meta: { idempotencyKey: longest } });
+  assert.equal(accepted.isError, undefined, text(accepted));
+  assert.equal(calls, 1);
+  // The server's own key holds an e-mail address: the journal refuses it
+  // (KEY_CONTAINS_SENSITIVE_DATA) before anything is written.
+  const sensitive = await call(local, {
+    name: "create_payment",
+    arguments: { ...args, order_id: "alice@example.com" },
+  });
+  assertToolError(sensitive, "invalid_key", { subject: "payment" });
+  assert.equal(calls, 1);
+  await assert.rejects(journal.get("payment:alice@example.com"), OperationNotFoundError);
+  await local.close();
+});
+
+test("an unreachable journal is journal_unavailable, and the provider is not called", async () => {
+  const unreachable = JournalClient.connect("http://127.0.0.1:1", { timeoutMs: 2000 });
+  await assert.rejects(unreachable.get("anything"), JournalUnavailableError);
+  const local = await inMemory(false, { journal: unreachable, subject: "payment" });
+  const key = "9b2f0c6e-unreachable";
+  const result = await call(local, {
+    name: "create_payment",
+    arguments: { ...ORDER, order_id: "mcp-unreachable" },
+    _meta: { idempotencyKey: key },
+  });
+  assertToolError(result, "journal_unavailable", { subject: "payment" });
+  assert.deepEqual(await sandbox.effects(`mcp:create_payment:${key}`), { requests: 0, effects: 0, lookups: 0 });
+  await local.close();
+  unreachable.close();
+});
+
+test("a call while another holds the key is in_progress with the lease's seconds; the first pays once", async () => {
+  let release: () => void = () => {};
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  let started = 0;
+  const local = await inMemory(false, { subject: "payment" }, async (args) => {
+    started += 1;
+    await gate;
+    return sandbox.pay(currentCall().providerKey, args);
+  });
+  const key = "9b2f0c6e-in-progress";
+  const params = { name: "create_payment", arguments: { ...ORDER, order_id: "mcp-busy" }, _meta: { idempotencyKey: key } };
+  const first = call(local, params);
+  await waitFor("the first call to start", async () => (started === 1 ? true : undefined));
+
+  const busy = await call(local, params);
+  const seconds = Number(/in about (\d+) seconds/.exec(text(busy))?.[1]);
+  assert.ok(seconds >= 1 && seconds <= 30, text(busy)); // the test policy's lease is 30 s
+  assertToolError(busy, "in_progress", { subject: "payment", retry_after: seconds });
+
+  release();
+  const paid = await first;
+  assert.equal(paid.isError, undefined, text(paid));
+  assert.equal(started, 1);
+  assert.deepEqual(await sandbox.effects(`mcp:create_payment:${key}`), { requests: 1, effects: 1, lookups: 0 });
+  await local.close();
+});
+
+test("the same payment under another key, held by the duplicate-intent policy, is duplicate_intent", async () => {
+  const local = await inMemory(false, { actionType: "create_payment_hold", subject: "payment" });
+  const args = { ...ORDER, order_id: "mcp-held" };
+  const first = await call(local, { name: "create_payment", arguments: args, _meta: { idempotencyKey: "9b2f0c6e-hold-1" } });
+  assert.equal(first.isError, undefined, text(first));
+  const held = await call(local, { name: "create_payment", arguments: args, _meta: { idempotencyKey: "9b2f0c6e-hold-2" } });
+  assertToolError(held, "duplicate_intent", { subject: "payment" });
+  assert.deepEqual(await sandbox.effects("mcp:create_payment:9b2f0c6e-hold-1"), { requests: 1, effects: 1, lookups: 0 });
+  assert.deepEqual(await sandbox.effects("mcp:create_payment:9b2f0c6e-hold-2"), { requests: 0, effects: 0, lookups: 0 });
+  await local.close();
+});
+
+test("a lease taken over before the report is lease_lost; the retry gets the new holder's payment", async () => {
+  // A worker whose lease renewals do not get through (the journal is unreachable for
+  // them): everything else goes to the real journal.
+  const stalled = new Proxy(journal, {
+    get(target, property) {
+      if (property === "renewLease") {
+        return () =>
+          Promise.reject(new JournalUnavailableError({ code: Code.Unavailable, rawMessage: "renewal held back" }));
+      }
+      const value: unknown = Reflect.get(target, property, target);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+  const key = "9b2f0c6e-taken-over";
+  const journalKey = `mcp:create_payment:${key}`;
+  const args = { ...ORDER, order_id: "mcp-taken-over" };
+  let taken: v1.BeginOperationResponse | undefined;
+  const local = await inMemory(
+    false,
+    { journal: stalled, actionType: "create_payment_dedup", leaseSeconds: 1, subject: "payment" },
+    async (body) => {
+      const payment = await sandbox.pay(currentCall().providerKey, body);
+      // Stalls past its 1 s lease until another worker holds a new one.
+      taken = await waitFor("the lease to be taken over", async () => {
+        const begin = await journal.begin({ operationKey: journalKey, actionType: "create_payment_dedup", payload: args });
+        return begin.decision === v1.Decision.EXECUTE ? begin : undefined;
+      });
+      return payment;
+    },
+  );
+  const params = { name: "create_payment", arguments: args, _meta: { idempotencyKey: key } };
+  assertToolError(await call(local, params), "lease_lost", { subject: "payment" });
+
+  // The new holder calls the provider with the same key (which deduplicates) and records it.
+  assert.ok(taken);
+  const payment = await sandbox.pay(taken.operation?.providerKey ?? "", args);
+  await journal.complete(taken.leaseToken, { externalId: payment.id, result: payment });
+  const retried = await call(local, params);
+  assert.equal(retried.isError, undefined, text(retried));
+  assert.equal((retried.structuredContent as { id: string }).id, payment.id);
+  assert.deepEqual(await sandbox.effects(journalKey), { requests: 2, effects: 1, lookups: 0 });
+  await local.close();
 });

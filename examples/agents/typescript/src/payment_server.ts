@@ -66,6 +66,7 @@ export function createPaymentServer(options: PaymentServerOptions): McpServer {
     {
       journal: options.journal,
       actionType: "create_payment",
+      subject: "payment",
       deriveKey: (args) => `payment:order-${args.order_id}`,
       externalId: (payment: Payment) => payment.id,
       inProgressWaitMs: options.inProgressWaitMs ?? 20_000,
