@@ -1,20 +1,21 @@
 //! Persistence of the journal behind one trait, so that every backend honours one contract:
 //! atomic register-and-claim, compare-and-set transitions, database-clock leases.
 //!
-//! Two backends implement it: [`PgStore`] (Postgres, any number of servers and workers) and
-//! [`SqliteStore`] (one embedded file, one node). [`Database`] picks one from the URL's
-//! scheme and carries what only a backend can do: prepare its schema and close.
+//! One implementation, [`SqlStore`], serves both backends from one set of `.sql` files
+//! (`src/store/sql/`): [`PgStore`] (Postgres, any number of servers and workers) and
+//! [`SqliteStore`] (one embedded file, one node) differ only in their [`sql::Dialect`].
+//! [`Database`] picks one from the URL's scheme and carries what only a backend can do:
+//! prepare its schema and close.
 //!
 //! Every method is a single statement (one round trip, one commit): no transaction is ever
 //! held open across anything slow. Methods that change a row take the state the caller
 //! read and return `None` when the row no longer matches it; the caller decides what that
-//! means. Two methods have a default built from two others ([`JournalStore::register`],
-//! [`JournalStore::settle_with_previous`]): a backend that can answer them in one statement
-//! (Postgres) overrides them; the default costs two statements.
+//! means. On SQLite, [`JournalStore::register`] and [`JournalStore::settle_with_previous`]
+//! take two statements (Postgres answers each in one).
 
 pub mod copy;
-pub mod instrumented;
 pub mod postgres;
+pub mod sql;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
@@ -33,8 +34,8 @@ use crate::domain::model::{
     OperationRecord, Status,
 };
 
-pub use instrumented::InstrumentedStore;
 pub use postgres::PgStore;
+pub use sql::{Clock, SqlStore};
 pub use sqlite::SqliteStore;
 
 /// The storage backend a database URL selects.
@@ -140,6 +141,30 @@ impl Database {
         match self {
             Self::Postgres(store) => store.migrate().await,
             Self::Sqlite(store) => store.prepare().await,
+        }
+    }
+
+    /// This database, its stores counting failed statements in `metrics`.
+    pub fn with_metrics(self, metrics: crate::telemetry::Metrics) -> Self {
+        match self {
+            Self::Postgres(store) => Self::Postgres(store.with_metrics(metrics)),
+            Self::Sqlite(store) => Self::Sqlite(store.with_metrics(metrics)),
+        }
+    }
+
+    /// This database, its statements reading `clock` (shared with another, in tests).
+    pub fn with_clock(self, clock: Clock) -> Self {
+        match self {
+            Self::Postgres(store) => Self::Postgres(store.with_clock(clock)),
+            Self::Sqlite(store) => Self::Sqlite(store.with_clock(clock)),
+        }
+    }
+
+    /// The clock of its statements: the database's, unless a test moves it.
+    pub fn clock(&self) -> &Clock {
+        match self {
+            Self::Postgres(store) => store.clock(),
+            Self::Sqlite(store) => store.clock(),
         }
     }
 
@@ -369,18 +394,7 @@ pub trait JournalStore: Send + Sync + 'static {
     /// already exists, answers its row in the same call: [`Registration::Inserted`] with the
     /// new row, [`Registration::Existing`] with the existing row (nothing is changed), or
     /// [`Registration::Raced`] when the existing row could not be read (see there).
-    ///
-    /// The default is `insert_and_claim`, then `get` when the key exists (two statements);
-    /// Postgres answers in one.
-    async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
-        if let Some(record) = self.insert_and_claim(new).await? {
-            return Ok(Registration::Inserted(record));
-        }
-        Ok(match self.get(&new.namespace, &new.operation_key).await? {
-            Some(row) => Registration::Existing(row),
-            None => Registration::Raced,
-        })
-    }
+    async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError>;
 
     /// Reads one operation with the database clock.
     async fn get(
@@ -413,23 +427,14 @@ pub trait JournalStore: Send + Sync + 'static {
     /// left, read from the version the report changed; `None` when the report does not apply
     /// (nothing is changed).
     ///
-    /// The default reads the row with `get`, then settles (two statements; the status read
-    /// may be older than the one the report changed if another writer came in between, as
-    /// when the caller reads first). Postgres answers in one statement, from the row version
-    /// it changed.
+    /// SQLite reads the row, then settles (the status read may be older than the one the
+    /// report changed if another writer came in between, as when the caller reads first).
+    /// Postgres answers in one statement, from the row version it changed.
     async fn settle_with_previous(
         &self,
         token: &LeaseToken,
         settlement: &Settlement,
-    ) -> Result<Option<Settled>, StoreError> {
-        let Some(before) = self.get(&token.namespace, &token.operation_key).await? else {
-            return Ok(None);
-        };
-        Ok(self.settle(token, settlement).await?.map(|record| Settled {
-            record,
-            previous: before.status,
-        }))
-    }
+    ) -> Result<Option<Settled>, StoreError>;
 
     /// Extends a live lease held by `token` to `lease` from now.
     async fn renew(
@@ -524,9 +529,6 @@ pub trait JournalStore: Send + Sync + 'static {
     /// A new journal's statements are otherwise planned without statistics, and on Postgres
     /// key lookups may then walk a whole namespace through another index until autovacuum's
     /// first analyze (docs/performance.md). Tables analyzed once are left to autovacuum.
-    /// Backends whose planner needs no help keep the default: `None`.
-    async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError> {
-        let _ = min_changes;
-        Ok(None)
-    }
+    /// Backends whose planner needs no help answer `None`.
+    async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError>;
 }

@@ -465,13 +465,11 @@ impl TestApp {
     pub fn worker(&self, name: &str) -> opjournal::reconcile::worker::Worker {
         let policy = Arc::new(Policy::parse(&self.policy_yaml, "test-policy.yaml").unwrap());
         let adapters = AdapterSet::from_policy(&policy).unwrap();
-        let database = self.db.database();
-        let store: Arc<dyn opjournal::store::JournalStore> =
-            Arc::new(opjournal::store::InstrumentedStore::new(
-                database.store(),
-                self.metrics.clone(),
-                database.backend().otel_system(),
-            ));
+        let store = self
+            .db
+            .database()
+            .with_metrics(self.metrics.clone())
+            .store();
         let reconciler = opjournal::reconcile::Reconciler::new(store, policy, adapters, name)
             .with_metrics(self.metrics.clone());
         opjournal::reconcile::worker::Worker::new(

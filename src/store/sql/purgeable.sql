@@ -1,0 +1,1 @@
+purge_after < {now} AND status IN ('succeeded', 'failed_final')
