@@ -19,9 +19,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use uuid::Uuid;
 
-use super::canonical::RequestHash;
 use super::error::{FieldViolation, JournalError};
-use super::model::{ActionType, Namespace, OperationKey, OperationRecord, Status};
+use super::model::{Namespace, OperationKey};
 
 /// Shortest lease the journal grants, in seconds.
 pub const MIN_LEASE_SECONDS: u32 = 1;
@@ -116,64 +115,14 @@ impl LeaseToken {
     }
 }
 
-/// What `BeginOperation` answers for an existing row, before any write.
-#[derive(Debug, Clone, PartialEq)]
-pub enum BeginVerdict {
-    /// Key bound to another request hash or action type.
-    Conflict,
-    /// Terminal: return the stored outcome.
-    Replay,
-    /// Another holder's lease is live for this long.
-    InProgress(Duration),
-    /// Unknown outcome (reported, or an expired lease): reconcile before any retry.
-    VerificationRequired,
-    /// The caller may take a new lease with compare-and-set on this status and attempt.
-    Claim {
-        /// Status the row must still be in.
-        expected_status: Status,
-        /// Attempt count the row must still have.
-        expected_attempt: i32,
-    },
-}
-
-/// Decides what a Begin with (`action_type`, `request_hash`) gets for the existing `row`.
-///
-/// `provider_deduplicates` is the action's policy (`on_timeout: retry_with_same_key`): only
-/// then may an unknown operation or an expired lease be claimed again with the same key.
-pub fn decide(
-    row: &OperationRecord,
-    action_type: &ActionType,
-    request_hash: &RequestHash,
-    provider_deduplicates: bool,
-) -> BeginVerdict {
-    if &row.request_hash != request_hash || &row.action_type != action_type {
-        return BeginVerdict::Conflict;
-    }
-    let claim = BeginVerdict::Claim {
-        expected_status: row.status,
-        expected_attempt: row.attempt_count,
-    };
-    match row.status {
-        Status::Succeeded | Status::FailedFinal => BeginVerdict::Replay,
-        Status::Pending => claim,
-        Status::InProgress if row.has_live_lease() => {
-            let remaining = row
-                .lease_until
-                .map(|until| (until - row.observed_at).to_std().unwrap_or_default())
-                .unwrap_or_default();
-            BeginVerdict::InProgress(remaining)
-        }
-        // An operation waiting for a person is never retried automatically.
-        Status::Unknown if row.review_required_at.is_some() => BeginVerdict::VerificationRequired,
-        Status::InProgress | Status::Unknown if provider_deduplicates => claim,
-        Status::InProgress | Status::Unknown => BeginVerdict::VerificationRequired,
-    }
-}
+pub use super::transition::{BeginVerdict, decide};
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::domain::canonical::RequestHash;
+    use crate::domain::model::{ActionType, OperationRecord, Status};
     use chrono::{TimeDelta, Utc};
 
     fn row(status: Status, lease_secs: Option<i64>) -> OperationRecord {

@@ -30,10 +30,10 @@ use crate::domain::canonical::RequestHash;
 use crate::domain::error::JournalError;
 use crate::domain::lease::LeaseToken;
 use crate::domain::model::{
-    ActionType, Attribution, ErrorCode, ExternalId, Namespace, OperationEvent, OperationKey,
-    OperationRecord, Status,
+    ActionType, Attribution, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
 };
 
+pub use crate::domain::transition::{Resolution, Settlement};
 pub use postgres::PgStore;
 pub use sql::{Clock, SqlStore};
 pub use sqlite::SqliteStore;
@@ -222,63 +222,6 @@ pub struct NewOperation {
     pub trace_context: Option<String>,
 }
 
-/// A lease holder's report.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Settlement {
-    /// Confirmed success -> `succeeded`.
-    Succeeded {
-        /// Provider's id of the effect.
-        external_id: Option<ExternalId>,
-        /// Canonical JSON text of the result, if any.
-        result_json: Option<String>,
-    },
-    /// Confirmed rejection with no effect -> `failed_final`.
-    FailedFinal {
-        /// Why.
-        error_code: ErrorCode,
-    },
-    /// Outcome not known -> `unknown`; first lookup after `first_check_after`.
-    Unknown {
-        /// Why, if known.
-        error_code: Option<ErrorCode>,
-        /// Delay before the first reconcile lookup.
-        first_check_after: Duration,
-    },
-}
-
-impl Settlement {
-    /// The status this report moves the operation to.
-    pub fn target_status(&self) -> Status {
-        match self {
-            Self::Succeeded { .. } => Status::Succeeded,
-            Self::FailedFinal { .. } => Status::FailedFinal,
-            Self::Unknown { .. } => Status::Unknown,
-        }
-    }
-
-    /// Whether `row` already holds exactly this outcome (a retried report).
-    pub fn already_recorded_in(&self, row: &OperationRecord) -> bool {
-        match self {
-            // The same success: the same provider id, and the same result unless the row was
-            // settled by someone else (a reconcile keeps only the provider's kept fields).
-            Self::Succeeded {
-                external_id,
-                result_json,
-            } => {
-                row.status == Status::Succeeded
-                    && row.external_id.as_deref() == external_id.as_ref().map(ExternalId::as_str)
-                    && (row.result_json == *result_json
-                        || row.last_actor_kind != crate::domain::model::ActorKind::Client)
-            }
-            Self::FailedFinal { error_code } => {
-                row.status == Status::FailedFinal
-                    && row.error_code.as_deref() == Some(error_code.as_str())
-            }
-            Self::Unknown { .. } => row.status == Status::Unknown,
-        }
-    }
-}
-
 /// The answer of [`JournalStore::register`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Registration {
@@ -301,37 +244,6 @@ pub struct Settled {
     /// The status the report moved the row from (`in_progress`, or `unknown` / `pending` when
     /// the sweep or a release put it there), for the transition's `from`.
     pub previous: Status,
-}
-
-/// What a reconcile lookup established, to apply with compare-and-set.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Resolution {
-    /// The provider has the effect -> `succeeded`.
-    Succeeded {
-        /// Provider's id of the effect.
-        external_id: Option<String>,
-        /// Canonical JSON text of the kept result fields.
-        result_json: Option<String>,
-    },
-    /// The provider rejected the operation definitively -> `failed_final`.
-    FailedFinal {
-        /// Why.
-        error_code: String,
-    },
-    /// Proven absent -> `pending`, same key, so the next Begin executes again.
-    ReleaseForRetry,
-    /// Not provable automatically -> stays `unknown`, marked for human review, never looked
-    /// up or retried automatically again.
-    Escalate {
-        /// Why: `unresolved_after_deadline` or `no_provider_lookup`.
-        reason: String,
-    },
-    /// Still not known -> `unknown`; look again after the delay (unless under review). The
-    /// holder's error code is kept; what the lookup saw goes to the history.
-    KeepUnknown {
-        /// Delay before the next lookup.
-        next_check_after: Duration,
-    },
 }
 
 /// Filters and position for listing operations.
