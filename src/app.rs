@@ -228,11 +228,7 @@ pub fn log_database(database: &Database) {
     }
 }
 
-/// Installs ring as the process's rustls crypto provider (HTTPS to providers), once; a
-/// provider installed earlier by the embedding program is kept.
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub use crate::reconcile::adapter::install_crypto_provider;
 
 /// Installs logging only (commands that run and exit): `RUST_LOG` filter (default `info`),
 /// text or JSON lines on standard error; no spans are exported and no metrics served.

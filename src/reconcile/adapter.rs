@@ -113,7 +113,7 @@ impl HttpAdapter {
     ///
     /// Errors: a message naming the missing variable or the bad header.
     pub fn new(config: HttpAdapterConfig) -> Result<Self, String> {
-        crate::app::install_crypto_provider();
+        install_crypto_provider();
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, source) in &config.headers {
             let value = std::env::var(&source.env).map_err(|_| {
@@ -290,4 +290,10 @@ impl ProviderAdapter for HttpAdapter {
             },
         }
     }
+}
+
+/// Installs ring as the process's rustls crypto provider (HTTPS to providers), once; a
+/// provider installed earlier by the embedding program is kept.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }

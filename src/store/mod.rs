@@ -34,6 +34,7 @@ use crate::domain::model::{
 };
 
 pub use crate::domain::transition::{Resolution, Settlement};
+pub use crate::telemetry::metrics::BacklogStats;
 pub use postgres::PgStore;
 pub use sql::{Clock, SqlStore};
 pub use sqlite::SqliteStore;
@@ -261,34 +262,13 @@ pub struct ListQuery {
     pub limit: i64,
 }
 
-/// The work waiting for the reconcile path and for people, for the backlog gauges of
-/// [`crate::telemetry::metrics`].
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct BacklogStats {
-    /// Operations in `unknown`, those waiting for review included.
-    pub unknown: u64,
-    /// How long the oldest unknown operation has been unknown (since `unknown_since`), by the
-    /// database clock; `None` when no operation is unknown.
-    pub oldest_unknown_age: Option<Duration>,
-    /// Operations waiting for human review (`review_required_at` set).
-    pub review_queue: u64,
-}
+/// [`JournalStore::backlog_stats`] feeds the backlog gauges.
+#[async_trait]
+impl<T: JournalStore + ?Sized> crate::telemetry::metrics::BacklogSource for T {
+    type Error = StoreError;
 
-impl BacklogStats {
-    /// From the backlog statement's three columns: counts, and the oldest unknown operation's
-    /// age in seconds (`None` when none is unknown; a clock step may make it slightly negative).
-    pub fn from_columns(
-        unknown: i64,
-        oldest_unknown_seconds: Option<f64>,
-        review_queue: i64,
-    ) -> Self {
-        Self {
-            unknown: u64::try_from(unknown).unwrap_or(0),
-            oldest_unknown_age: oldest_unknown_seconds
-                .filter(|s| s.is_finite())
-                .map(|s| Duration::from_secs_f64(s.max(0.0))),
-            review_queue: u64::try_from(review_queue).unwrap_or(0),
-        }
+    async fn backlog(&self) -> Result<BacklogStats, StoreError> {
+        self.backlog_stats().await
     }
 }
 

@@ -2,7 +2,7 @@
 //! `.sql` files of `src/store/sql/` (see its README), rendered once per store for its
 //! [`Dialect`]; the parameters of each are bound here, once; rows decode with
 //! `derive(FromRow)` into row types and then into domain types through `TryFrom`. Every
-//! statement runs inside [`SqlStore::call`], which traces it and counts its failures.
+//! statement runs inside `SqlStore::call`, which traces it and counts its failures.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -422,11 +422,11 @@ impl<D: Dialect> SqlStore<D> {
         };
         let result = call.instrument(span.clone()).await;
         if let Err(error) = &result {
-            self.metrics.store_error(method, error);
             let kind = match error {
                 StoreError::Unavailable(_) => "unavailable",
                 StoreError::Other(_) => "other",
             };
+            self.metrics.store_error(method, kind);
             span.record("error.type", kind);
             span.record("otel.status_code", "error");
         }
