@@ -436,74 +436,125 @@ impl<D: Dialect> SqlStore<D> {
 
 const OPERATIONS: &str = "agent_operations";
 
-fn text(value: impl Into<String>) -> Arg {
-    Arg::Text(Some(value.into()))
+impl From<&str> for Arg {
+    fn from(value: &str) -> Self {
+        Self::Text(Some(value.to_owned()))
+    }
 }
 
-fn opt(value: Option<impl Into<String>>) -> Arg {
-    Arg::Text(value.map(Into::into))
+impl From<String> for Arg {
+    fn from(value: String) -> Self {
+        Self::Text(Some(value))
+    }
 }
 
-fn secs(duration: Duration) -> Arg {
-    Arg::Float(duration.as_secs_f64())
+impl<T: Into<String>> From<Option<T>> for Arg {
+    fn from(value: Option<T>) -> Self {
+        Self::Text(value.map(Into::into))
+    }
 }
 
-fn truncate(value: &str, chars: usize) -> Arg {
-    text(value.chars().take(chars).collect::<String>())
+impl From<i64> for Arg {
+    fn from(value: i64) -> Self {
+        Self::Int(value)
+    }
 }
 
-fn json(value: &impl serde::Serialize) -> Result<Arg, StoreError> {
-    let text = serde_json::to_string(value).map_err(|e| StoreError::Other(Box::new(e)))?;
-    Ok(Arg::Text(Some(text)))
+impl From<i32> for Arg {
+    fn from(value: i32) -> Self {
+        Self::Int(value.into())
+    }
 }
 
-/// `$2..$5` of a report or a renewal: the lease the token names.
-fn token_args(token: &LeaseToken) -> Vec<Arg> {
-    vec![
-        text(token.namespace.as_str()),
-        text(token.operation_key.as_str()),
-        Arg::Int(token.attempt.into()),
-        text(token.lease_id.hyphenated().to_string()),
-    ]
+impl From<Duration> for Arg {
+    fn from(value: Duration) -> Self {
+        Self::Float(value.as_secs_f64())
+    }
 }
 
-/// A report's statement index and its values from `$6` on.
-fn settlement_args(settlement: &Settlement) -> (usize, [Arg; 2]) {
-    match settlement {
+impl From<Uuid> for Arg {
+    fn from(value: Uuid) -> Self {
+        Self::Text(Some(value.hyphenated().to_string()))
+    }
+}
+
+/// The values of a statement, in parameter order.
+macro_rules! args {
+    ($($value:expr),* $(,)?) => { vec![$(Arg::from($value)),*] };
+}
+
+const NULL: Option<String> = None;
+
+fn first(value: &str, chars: usize) -> String {
+    value.chars().take(chars).collect()
+}
+
+fn json(value: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Other(Box::new(e)))
+}
+
+/// A report's statement variant and its values: the token's lease as `$2..$5`, the outcome's
+/// from `$6`.
+fn report_args(token: &LeaseToken, settlement: &Settlement) -> (usize, Vec<Arg>) {
+    let (ns, key) = (token.namespace.as_str(), token.operation_key.as_str());
+    let lease = args![ns, key, token.attempt, token.lease_id];
+    let (variant, outcome) = match settlement {
         Settlement::Succeeded {
             external_id,
             result_json,
         } => (
             0,
-            [
-                opt(external_id.as_ref().map(|id| id.as_str())),
-                opt(result_json.clone()),
+            args![
+                external_id.as_ref().map(|i| i.as_str()),
+                result_json.clone()
             ],
         ),
-        Settlement::FailedFinal { error_code } => {
-            (1, [text(error_code.as_str()), opt(None::<String>)])
-        }
+        Settlement::FailedFinal { error_code } => (1, args![error_code.as_str()]),
         Settlement::Unknown {
             error_code,
             first_check_after,
         } => (
             2,
-            [
-                opt(error_code.as_ref().map(|c| c.as_str())),
-                secs(*first_check_after),
-            ],
+            args![error_code.as_ref().map(|c| c.as_str()), *first_check_after],
         ),
-    }
+    };
+    (variant, [lease, outcome].concat())
 }
 
-/// `$2..$5` of a statement fenced by what the caller read.
-fn read_args(namespace: &Namespace, key: &OperationKey, status: Status, attempt: i32) -> Vec<Arg> {
-    vec![
-        text(namespace.as_str()),
-        text(key.as_str()),
-        text(status.as_str()),
-        Arg::Int(attempt.into()),
-    ]
+/// `$2..$10` of the insert.
+fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
+    let (ns, key, action) = (
+        new.namespace.as_str(),
+        new.operation_key.as_str(),
+        new.action_type.as_str(),
+    );
+    let (references, policy) = (json(&new.references)?, json(&new.action_policy)?);
+    let trace = new.trace_context.clone();
+    Ok(args![
+        ns,
+        key,
+        action,
+        new.request_hash.to_hex(),
+        new.lease,
+        new.lease_id,
+        references,
+        policy,
+        trace
+    ])
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// One method that is one statement answering at most one record.
+    async fn one(
+        &self,
+        method: &'static str,
+        statement: &Statement,
+        args: Vec<Arg>,
+    ) -> Result<Option<OperationRecord>, StoreError> {
+        let operation = if method == "get" { "SELECT" } else { "UPDATE" };
+        self.call(method, operation, OPERATIONS, self.record(statement, args))
+            .await
+    }
 }
 
 #[async_trait]
@@ -523,25 +574,19 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
                 if let Some(record) = self.record(&self.statements.insert, new_args(new)?).await? {
                     return Ok(Registration::Inserted(record));
                 }
-                let args = vec![
-                    text(new.namespace.as_str()),
-                    text(new.operation_key.as_str()),
-                ];
-                return Ok(match self.record(&self.statements.get, args).await? {
-                    Some(row) => Registration::Existing(row),
-                    None => Registration::Raced,
-                });
+                let args = args![new.namespace.as_str(), new.operation_key.as_str()];
+                let existing = self.record(&self.statements.get, args).await?;
+                return Ok(existing.map_or(Registration::Raced, Registration::Existing));
             };
-            Ok(
-                match self.row::<RegisteredRow>(statement, new_args(new)?).await? {
-                    None => Registration::Raced,
-                    Some(RegisteredRow {
-                        row,
-                        inserted: true,
-                    }) => Registration::Inserted(row.try_into()?),
-                    Some(RegisteredRow { row, .. }) => Registration::Existing(row.try_into()?),
-                },
-            )
+            let row = self.row::<RegisteredRow>(statement, new_args(new)?).await?;
+            Ok(match row {
+                None => Registration::Raced,
+                Some(RegisteredRow {
+                    row,
+                    inserted: true,
+                }) => Registration::Inserted(row.try_into()?),
+                Some(RegisteredRow { row, .. }) => Registration::Existing(row.try_into()?),
+            })
         };
         self.call("register", "INSERT", OPERATIONS, register).await
     }
@@ -551,14 +596,8 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         namespace: &Namespace,
         key: &OperationKey,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        let args = vec![text(namespace.as_str()), text(key.as_str())];
-        self.call(
-            "get",
-            "SELECT",
-            OPERATIONS,
-            self.record(&self.statements.get, args),
-        )
-        .await
+        let args = args![namespace.as_str(), key.as_str()];
+        self.one("get", &self.statements.get, args).await
     }
 
     async fn claim(
@@ -570,15 +609,9 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         lease: Duration,
         lease_id: Uuid,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        let mut args = read_args(namespace, key, expected_status, expected_attempt);
-        args.extend([secs(lease), text(lease_id.hyphenated().to_string())]);
-        self.call(
-            "claim",
-            "UPDATE",
-            OPERATIONS,
-            self.record(&self.statements.claim, args),
-        )
-        .await
+        let (ns, key, status) = (namespace.as_str(), key.as_str(), expected_status.as_str());
+        let args = args![ns, key, status, expected_attempt, lease, lease_id];
+        self.one("claim", &self.statements.claim, args).await
     }
 
     async fn settle(
@@ -586,11 +619,9 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         token: &LeaseToken,
         settlement: &Settlement,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        let (variant, outcome) = settlement_args(settlement);
-        let mut args = token_args(token);
-        args.extend(outcome);
-        let settle = self.record(&self.statements.settle[variant], args);
-        self.call("settle", "UPDATE", OPERATIONS, settle).await
+        let (variant, args) = report_args(token, settlement);
+        self.one("settle", &self.statements.settle[variant], args)
+            .await
     }
 
     async fn settle_with_previous(
@@ -598,20 +629,20 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         token: &LeaseToken,
         settlement: &Settlement,
     ) -> Result<Option<Settled>, StoreError> {
-        let (variant, outcome) = settlement_args(settlement);
-        let mut args = token_args(token);
-        args.extend(outcome);
+        let (variant, args) = report_args(token, settlement);
         let settle = async {
             if let Some(statements) = &self.statements.settle_with_previous {
-                let Some(row) = self.row::<SettledRow>(&statements[variant], args).await? else {
-                    return Ok(None);
-                };
-                return Ok(Some(Settled {
-                    record: row.row.try_into()?,
-                    previous: status(&row.previous_status)?,
-                }));
+                let row = self.row::<SettledRow>(&statements[variant], args).await?;
+                return row
+                    .map(|row| {
+                        Ok(Settled {
+                            record: row.row.try_into()?,
+                            previous: status(&row.previous_status)?,
+                        })
+                    })
+                    .transpose();
             }
-            let key = vec![args[0].clone(), args[1].clone()];
+            let key = args[..2].to_vec();
             let Some(before) = self.record(&self.statements.get, key).await? else {
                 return Ok(None);
             };
@@ -630,30 +661,24 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         token: &LeaseToken,
         lease: Duration,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        let mut args = token_args(token);
-        args.push(secs(lease));
-        self.call(
-            "renew",
-            "UPDATE",
-            OPERATIONS,
-            self.record(&self.statements.renew, args),
-        )
-        .await
+        let (ns, key) = (token.namespace.as_str(), token.operation_key.as_str());
+        let args = args![ns, key, token.attempt, token.lease_id, lease];
+        self.one("renew", &self.statements.renew, args).await
     }
 
     async fn list(&self, query: &ListQuery) -> Result<Vec<OperationRecord>, StoreError> {
-        // No position: after the end of time.
-        let (at, key) = query
-            .after
-            .clone()
-            .unwrap_or((DateTime::<Utc>::MAX_UTC, String::new()));
-        let args = vec![
-            text(query.namespace.as_str()),
-            opt(query.status.map(Status::as_str)),
-            opt(query.action_type.as_ref().map(|a| a.as_str().to_owned())),
-            text(D::time_text(at.min(far_future()))),
-            text(key),
-            Arg::Int(query.limit),
+        // No position: after the latest time both backends store.
+        let end = DateTime::from_timestamp(253_402_300_799, 0).unwrap_or_default();
+        let (at, key) = query.after.clone().unwrap_or((end, String::new()));
+        let (status, action) = (query.status.map(Status::as_str), query.action_type.as_ref());
+        let action = action.map(|a| a.as_str().to_owned());
+        let args = args![
+            query.namespace.as_str(),
+            status,
+            action,
+            D::time_text(at.min(end)),
+            key,
+            query.limit
         ];
         self.call(
             "list",
@@ -671,41 +696,36 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         attribution: &Attribution,
         lookup_made: bool,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        let mut args = read_args(
-            &expected.namespace,
-            &expected.operation_key,
-            expected.status,
+        let (ns, key) = (expected.namespace.as_str(), expected.operation_key.as_str());
+        let reason = attribution.reason.as_deref().map(|r| first(r, 500));
+        let mut args = args![
+            ns,
+            key,
+            expected.status.as_str(),
             expected.attempt_count,
-        );
-        args.extend([
-            Arg::Int(lookup_made.into()),
-            text(attribution.kind.as_str()),
-            truncate(&attribution.actor, 200),
-            opt(attribution
-                .reason
-                .as_deref()
-                .map(|r| r.chars().take(500).collect::<String>())),
-        ]);
+            i32::from(lookup_made),
+            attribution.kind.as_str(),
+            first(&attribution.actor, 200),
+            reason,
+        ];
         let (variant, values) = match resolution {
             Resolution::Succeeded {
                 external_id,
                 result_json,
-            } => (0, [opt(external_id.clone()), opt(result_json.clone())]),
-            Resolution::FailedFinal { error_code } => (1, [text(error_code), opt(None::<String>)]),
-            Resolution::ReleaseForRetry => (2, [opt(None::<String>), opt(None::<String>)]),
-            Resolution::KeepUnknown { next_check_after } => {
-                (3, [secs(*next_check_after), opt(None::<String>)])
-            }
-            Resolution::Escalate { reason } => (4, [text(reason), opt(None::<String>)]),
+            } => (0, args![external_id.clone(), result_json.clone()]),
+            Resolution::FailedFinal { error_code } => (1, args![error_code.as_str()]),
+            Resolution::ReleaseForRetry => (2, args![NULL]),
+            Resolution::KeepUnknown { next_check_after } => (3, args![*next_check_after]),
+            Resolution::Escalate { reason } => (4, args![reason.as_str()]),
         };
         args.extend(values);
-        let resolve = self.record(&self.statements.resolve[variant], args);
-        self.call("resolve", "UPDATE", OPERATIONS, resolve).await
+        self.one("resolve", &self.statements.resolve[variant], args)
+            .await
     }
 
     async fn sweep_expired_leases(&self, limit: i64, worker: &str) -> Result<u64, StoreError> {
         let statement = &self.statements.sweep;
-        let args = self.args(statement, vec![Arg::Int(limit), truncate(worker, 200)]);
+        let args = self.args(statement, args![limit, first(worker, 200)]);
         let sweep = D::execute(&self.pool, &statement.sql, args);
         self.call("sweep_expired_leases", "UPDATE", OPERATIONS, sweep)
             .await
@@ -719,12 +739,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
     ) -> Result<Vec<OperationRecord>, StoreError> {
         // No position: before the beginning of time.
         let (at, key) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, String::new()));
-        let args = vec![
-            text(namespace.as_str()),
-            text(D::time_text(at)),
-            text(key),
-            Arg::Int(limit),
-        ];
+        let args = args![namespace.as_str(), D::time_text(at), key, limit];
         let list = self.records(&self.statements.list_review, args);
         self.call("list_review", "SELECT", OPERATIONS, list).await
     }
@@ -736,12 +751,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         after_event_id: i64,
         limit: i64,
     ) -> Result<Vec<OperationEvent>, StoreError> {
-        let args = vec![
-            text(namespace.as_str()),
-            text(key.as_str()),
-            Arg::Int(after_event_id),
-            Arg::Int(limit),
-        ];
+        let args = args![namespace.as_str(), key.as_str(), after_event_id, limit];
         let history = async {
             let rows = self
                 .rows::<EventRow>(&self.statements.history, args)
@@ -757,8 +767,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         limit: i64,
         hold: Duration,
     ) -> Result<Vec<OperationRecord>, StoreError> {
-        let args = vec![Arg::Int(limit), secs(hold)];
-        let claim = self.records(&self.statements.claim_due, args);
+        let claim = self.records(&self.statements.claim_due, args![limit, hold]);
         self.call("claim_due", "UPDATE", OPERATIONS, claim).await
     }
 
@@ -768,10 +777,13 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         key: &OperationKey,
         hold: Duration,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        let args = vec![text(namespace.as_str()), text(key.as_str()), secs(hold)];
-        let claim = self.record(&self.statements.claim_for_reconcile, args);
-        self.call("claim_for_reconcile", "UPDATE", OPERATIONS, claim)
-            .await
+        let args = args![namespace.as_str(), key.as_str(), hold];
+        self.one(
+            "claim_for_reconcile",
+            &self.statements.claim_for_reconcile,
+            args,
+        )
+        .await
     }
 
     async fn find_same_request(
@@ -782,17 +794,14 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         other_than: &OperationKey,
         window: Duration,
     ) -> Result<Option<String>, StoreError> {
-        let args = vec![
-            text(namespace.as_str()),
-            text(action_type.as_str()),
-            text(request_hash.to_hex()),
-            text(other_than.as_str()),
-            secs(window),
-        ];
-        let find = async {
-            let row = self.row::<KeyRow>(&self.statements.find_same_request, args);
-            Ok(row.await?.map(|row| row.operation_key))
-        };
+        let (ns, action, hash) = (
+            namespace.as_str(),
+            action_type.as_str(),
+            request_hash.to_hex(),
+        );
+        let args = args![ns, action, hash, other_than.as_str(), window];
+        let find = self.row::<KeyRow>(&self.statements.find_same_request, args);
+        let find = async { Ok(find.await?.map(|row| row.operation_key)) };
         self.call("find_same_request", "SELECT", OPERATIONS, find)
             .await
     }
@@ -812,11 +821,9 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         let stats = async {
             let row = self.row::<BacklogRow>(&self.statements.backlog_stats, Vec::new());
             let row = row.await?.ok_or_else(|| corrupt("backlog"))?;
-            Ok(BacklogStats::from_columns(
-                row.unknown,
-                row.oldest_unknown_seconds,
-                row.review_queue,
-            ))
+            let (unknown, oldest, review) =
+                (row.unknown, row.oldest_unknown_seconds, row.review_queue);
+            Ok(BacklogStats::from_columns(unknown, oldest, review))
         };
         self.call("backlog_stats", "SELECT", OPERATIONS, stats)
             .await
@@ -827,26 +834,6 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         self.call("analyze_new_tables", "ANALYZE", OPERATIONS, analyze)
             .await
     }
-}
-
-/// The latest time both backends store: list positions are clamped to it.
-fn far_future() -> DateTime<Utc> {
-    DateTime::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
-}
-
-/// `$2..$10` of the insert.
-fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
-    Ok(vec![
-        text(new.namespace.as_str()),
-        text(new.operation_key.as_str()),
-        text(new.action_type.as_str()),
-        text(new.request_hash.to_hex()),
-        secs(new.lease),
-        text(new.lease_id.hyphenated().to_string()),
-        json(&new.references)?,
-        json(&new.action_policy)?,
-        opt(new.trace_context.clone()),
-    ])
 }
 
 fn corrupt(what: &str) -> StoreError {
