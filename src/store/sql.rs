@@ -114,6 +114,7 @@ fn fragment(name: &str) -> &'static str {
         "fence_read",
         "fence_report",
         "fence_renew",
+        "fence_token",
         "insert",
         "reported",
         "expired",

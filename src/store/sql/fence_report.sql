@@ -1,2 +1,2 @@
-namespace = $2 AND operation_key = $3 AND attempt_count = $4 AND lease_id = {uuid $5}
+{@fence_token}
 AND (status = 'in_progress' OR (status IN ('unknown', 'pending') AND NOT outcome_reported))
