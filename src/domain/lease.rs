@@ -117,6 +117,33 @@ impl LeaseToken {
 
 pub use super::transition::{BeginVerdict, decide};
 
+/// A lease token as the use cases take it: already parsed (the transport parses it once per
+/// request, where it also checks the caller's namespace), or as the text a client sent.
+pub trait AsLeaseToken {
+    /// The token, parsed if needed.
+    ///
+    /// Errors: `INVALID_ARGUMENT`/`INVALID_LEASE_TOKEN` when the text is not a token.
+    fn as_lease_token(&self) -> Result<std::borrow::Cow<'_, LeaseToken>, JournalError>;
+}
+
+impl AsLeaseToken for LeaseToken {
+    fn as_lease_token(&self) -> Result<std::borrow::Cow<'_, LeaseToken>, JournalError> {
+        Ok(std::borrow::Cow::Borrowed(self))
+    }
+}
+
+impl AsLeaseToken for str {
+    fn as_lease_token(&self) -> Result<std::borrow::Cow<'_, LeaseToken>, JournalError> {
+        LeaseToken::parse(self).map(std::borrow::Cow::Owned)
+    }
+}
+
+impl AsLeaseToken for String {
+    fn as_lease_token(&self) -> Result<std::borrow::Cow<'_, LeaseToken>, JournalError> {
+        self.as_str().as_lease_token()
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
