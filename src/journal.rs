@@ -28,6 +28,7 @@ use crate::domain::sensitive;
 use crate::store::{JournalStore, ListQuery, NewOperation, Registration, Settlement};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
+use opjournal_client::ErrorReason;
 
 /// Limits on request fields (sizes in bytes), set from the configuration.
 #[derive(Debug, Clone)]
@@ -228,8 +229,9 @@ impl Journal {
             max_bytes: self.limits.max_payload_bytes,
             max_depth: self.limits.max_json_depth,
         };
-        let payload = canonical::parse_object(payload_json, &json_limits)
-            .map_err(|e| JournalError::invalid_json("payload_json", "INVALID_PAYLOAD", &e))?;
+        let payload = canonical::parse_object(payload_json, &json_limits).map_err(|e| {
+            JournalError::invalid_json("payload_json", ErrorReason::InvalidPayload, &e)
+        })?;
         let request_hash = RequestHash::compute(action_type.as_str(), &payload);
         let references = parse_references(references, self.limits.max_references)?;
         Ok(BeginCommand {
@@ -490,10 +492,9 @@ impl Journal {
                 max_bytes: self.limits.max_result_bytes,
                 max_depth: self.limits.max_json_depth,
             };
-            Some(
-                canonical::parse_strict(result_json, &limits)
-                    .map_err(|e| JournalError::invalid_json("result_json", "INVALID_RESULT", &e))?,
-            )
+            Some(canonical::parse_strict(result_json, &limits).map_err(|e| {
+                JournalError::invalid_json("result_json", ErrorReason::InvalidResult, &e)
+            })?)
         };
         let (result_json, before) = match value {
             None => (None, None),
@@ -572,7 +573,7 @@ impl Journal {
         let token = lease_token.as_lease_token()?;
         let error_code = ErrorCode::parse_optional(error_code)?.ok_or_else(|| {
             JournalError::invalid(
-                "INVALID_FIELD_LENGTH",
+                ErrorReason::InvalidFieldLength,
                 FieldViolation::new("error_code", "is required for a definitive failure"),
             )
         })?;
@@ -811,7 +812,7 @@ impl RequestLimits {
 pub(crate) fn page_limit(page_size: i32, default: i64, max: i64) -> Result<i64, JournalError> {
     match page_size {
         n if n < 0 => Err(JournalError::invalid(
-            "INVALID_PAGE_SIZE",
+            ErrorReason::InvalidPageSize,
             FieldViolation::new("page_size", "must not be negative"),
         )),
         0 => Ok(default),
@@ -1004,7 +1005,7 @@ fn parse_references(
 ) -> Result<BTreeMap<String, String>, JournalError> {
     let invalid = |description: &str| {
         JournalError::invalid(
-            "INVALID_REFERENCES",
+            ErrorReason::InvalidReferences,
             FieldViolation::new("references", description),
         )
     };
@@ -1069,7 +1070,7 @@ impl PageToken {
 
     fn invalid() -> JournalError {
         JournalError::invalid(
-            "INVALID_PAGE_TOKEN",
+            ErrorReason::InvalidPageToken,
             FieldViolation::new(
                 "page_token",
                 "is not a next_page_token of a call with the same filters",

@@ -11,6 +11,7 @@ use crate::journal::{BeginOutcome, BeginRequest, Journal};
 use crate::proto;
 use crate::proto::operation_journal_server::{OperationJournal, OperationJournalServer};
 use crate::telemetry::propagation;
+use opjournal_client::ErrorReason;
 
 /// The `opjournal.v1.OperationJournal` service.
 #[derive(Clone)]
@@ -169,7 +170,7 @@ impl OperationJournal for JournalService {
         check_namespace(&caller, &r.namespace)?;
         let status = proto::OperationStatus::try_from(r.status).map_err(|_| {
             Status::from(crate::domain::error::JournalError::invalid(
-                "INVALID_STATUS_FILTER",
+                ErrorReason::InvalidStatusFilter,
                 crate::domain::error::FieldViolation::new(
                     "status",
                     "is not an OperationStatus value",

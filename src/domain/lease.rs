@@ -21,6 +21,7 @@ use uuid::Uuid;
 
 use super::error::{FieldViolation, JournalError};
 use super::model::{Namespace, OperationKey};
+use opjournal_client::ErrorReason;
 
 /// Shortest lease the journal grants, in seconds.
 pub const MIN_LEASE_SECONDS: u32 = 1;
@@ -83,7 +84,7 @@ impl LeaseToken {
     pub fn parse(text: &str) -> Result<Self, JournalError> {
         let invalid = || {
             JournalError::invalid(
-                "INVALID_LEASE_TOKEN",
+                ErrorReason::InvalidLeaseToken,
                 FieldViolation::new(
                     "lease_token",
                     "is not a lease token issued by BeginOperation",

@@ -36,6 +36,7 @@ use crate::store::{JournalStore, Resolution};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
+use opjournal_client::ErrorReason;
 use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -435,7 +436,7 @@ impl Reconciler {
         let mut resolution = review::resolution(decision, &self.limits)?;
         if expected_attempt < 1 {
             return Err(JournalError::invalid(
-                "INVALID_EXPECTED_ATTEMPT",
+                ErrorReason::InvalidExpectedAttempt,
                 FieldViolation::new(
                     "expected_attempt_count",
                     "must be the attempt_count of the operation as you saw it",

@@ -378,14 +378,14 @@ pub trait BacklogSource: Send + Sync {
 
 /// The ErrorInfo reason of a conflict: an error that says the journal holds another state
 /// than the caller assumed.
-fn conflict_reason(error: &JournalError) -> Option<&'static str> {
-    Some(match error {
-        JournalError::KeyReused => "IDEMPOTENCY_KEY_REUSED",
-        JournalError::LeaseLost => "LEASE_LOST",
-        JournalError::OutcomeAlreadyRecorded { .. } => "OUTCOME_ALREADY_RECORDED",
-        JournalError::Contention => "CONCURRENT_MODIFICATION",
-        JournalError::OperationChanged { .. } => "OPERATION_CHANGED",
-        JournalError::ReconcileInProgress => "RECONCILE_IN_PROGRESS",
-        _ => return None,
-    })
+fn conflict_reason(error: &JournalError) -> Option<String> {
+    match error {
+        JournalError::KeyReused
+        | JournalError::LeaseLost
+        | JournalError::OutcomeAlreadyRecorded { .. }
+        | JournalError::Contention
+        | JournalError::OperationChanged { .. }
+        | JournalError::ReconcileInProgress => Some(error.reason().to_string()),
+        _ => None,
+    }
 }
