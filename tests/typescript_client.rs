@@ -211,3 +211,45 @@ async fn journaled_mcp_tools_pay_once_when_the_client_retries(pool: PgPool) {
         assert_eq!(app.counts(key).effects, 1, "{key}");
     }
 }
+
+/// `(status, attempt_count, requests, effects)` of each key: one row, one payment each.
+async fn paid_once(app: &TestApp, keys: &[&str]) {
+    for key in keys {
+        assert_eq!(state(app, key).await, is("succeeded", 1, None), "{key}");
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_typescript_wrappers_store_what_functions_return_as_values(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    node_test(&app, "values.test.js").await;
+
+    // Strings (plain, JSON-looking), null, undefined, numbers, arrays and objects: each
+    // recorded as a success with one effect, never as an unknown outcome.
+    paid_once(
+        &app,
+        &[
+            "ts:values:plain-string",
+            "ts:values:json-looking-string",
+            "ts:values:number-looking-string",
+            "ts:values:null",
+            "ts:values:undefined",
+            "ts:values:number",
+            "ts:values:array",
+            "ts:values:object",
+            "mcp:send:tool-plain-string",
+            "mcp:send:tool-json-looking-string",
+            "mcp:send:tool-number",
+        ],
+    )
+    .await;
+    let stored: Option<String> = sqlx::query_scalar(
+        "SELECT result_json::text FROM agent_operations WHERE operation_key = 'ts:values:plain-string'",
+    )
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    assert_eq!(stored.as_deref(), Some("\"sent\""), "stored as a JSON string");
+}

@@ -25,6 +25,7 @@
 
 import type { JournalClient, BeginRequest } from "./client.js";
 import { InvalidArgumentError, LeaseLostError } from "./errors.js";
+import { JsonValue } from "./json.js";
 import {
   Decision,
   OperationStatus,
@@ -91,9 +92,10 @@ export interface ProviderResult {
   /** The provider's id of the effect (payment id, message id); up to 200 characters. */
   externalId?: string;
   /**
-   * The provider's answer to keep and replay: JSON text or a value for `JSON.stringify`;
-   * absent for no result body. The journal keeps only what the action's policy allows
-   * (`result.keep`) and never card numbers, tokens or secrets.
+   * The provider's answer to keep and replay: JSON text, a value for `JSON.stringify`, or a
+   * {@link JsonValue} (a value, a string in it written as a JSON string: what `idempotent`
+   * and the MCP tools pass); absent for no result body. The journal keeps only what the
+   * action's policy allows (`result.keep`) and never card numbers, tokens or secrets.
    */
   result?: unknown;
 }
@@ -108,7 +110,10 @@ export interface Succeeded {
   readonly result: unknown;
   /** True when the provider was not called now (the stored outcome was replayed). */
   readonly replayed: boolean;
-  /** What the provider call returned this time; undefined on a replay. */
+  /**
+   * What the provider call returned as its `result` this time (a {@link JsonValue}'s value
+   * unwrapped); undefined on a replay.
+   */
   readonly providerResult?: unknown;
 }
 
@@ -404,7 +409,8 @@ export async function execute(
     }
     throw error;
   }
-  return succeeded(done, false, returned.result);
+  const result = returned.result instanceof JsonValue ? returned.result.value : returned.result;
+  return succeeded(done, false, result);
 }
 
 /** Begin's `retry_after` in milliseconds (0 when absent). */

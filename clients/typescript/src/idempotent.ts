@@ -36,6 +36,7 @@ import {
   type VerificationRequired,
 } from "./execute.js";
 import { OperationStatus, type Operation } from "./gen/opjournal/v1/journal_pb.js";
+import { JsonValue } from "./json.js";
 
 export { currentCall, type Classification, type CurrentCall };
 
@@ -66,8 +67,12 @@ export interface IdempotentOptions<A extends unknown[], R> {
   /** The provider's id of the effect, taken from the function's result (e.g. `(r) => r.id`). */
   externalId?: (result: R) => string | undefined;
   /**
-   * What the journal stores and replays, from the function's result (JSON-serializable);
-   * default the result itself.
+   * What the journal stores and replays, from the function's result; default the result
+   * itself. It is a value, never JSON text: a string is stored as a JSON string, and a
+   * replay gives back an equal value (as far as the action's policy keeps it); undefined
+   * stores no result. Only plain data is accepted (see {@link jsonText}): a `Map`, a class
+   * instance without `toJSON`, `NaN`… cannot be stored, so the call's outcome is recorded
+   * unknown (`result_not_serializable`) although the function ran.
    */
   toResult?: (result: R) => unknown;
   /** Proceed after `DECISION_DUPLICATE_INTENT_SUSPECTED`: this really is a new intent. */
@@ -162,7 +167,7 @@ export function idempotent<A extends unknown[], R>(
           returned = { value };
           return {
             externalId: options.externalId?.(value),
-            result: options.toResult ? options.toResult(value) : value,
+            result: new JsonValue(options.toResult ? options.toResult(value) : value),
           };
         }),
       {

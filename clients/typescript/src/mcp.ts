@@ -50,6 +50,7 @@ import {
   LeaseLostError,
 } from "./errors.js";
 import { execute, type Outcome } from "./execute.js";
+import { JsonValue } from "./json.js";
 import {
   classifierOptions,
   currentCall,
@@ -293,8 +294,9 @@ export interface JournaledToolOptions<Args, R> {
   /** Wait for an unknown outcome to be settled up to this long; default 0. */
   settleWaitMs?: number;
   /**
-   * The tool result of a success, from the stored (sanitized) result; default: the result
-   * as JSON text, and as `structuredContent` when it is an object.
+   * The tool result of a success, from the stored (sanitized) result; default: a string
+   * result as its text, any other as JSON text, and as `structuredContent` when it is an
+   * object.
    */
   toResult?: (result: unknown, outcome: Outcome & { kind: "succeeded" }) => CallToolResult;
 }
@@ -312,7 +314,10 @@ export interface JournaledToolConfig<Shape extends ZodRawShapeCompat> {
 /**
  * Registers `name` on `server` as a tool whose `handler` — the provider call — runs at most
  * once per idempotency key. Inside the handler {@link currentCall} gives the provider key
- * (send it to the provider as its idempotency key) and the lease's signal.
+ * (send it to the provider as its idempotency key) and the lease's signal. What the handler
+ * resolves to is a value, never JSON text (a string is stored as a JSON string and comes
+ * back as the same string); it must be plain data (see `jsonText`), or the call is
+ * recorded unknown (`result_not_serializable`) and answered `verification_required`.
  *
  * The handler is not cut short when the MCP client cancels the request or its request
  * timeout fires: the call is finished and recorded, so that the client's retry with the
@@ -375,7 +380,7 @@ function keyOf<Args, R>(
 }
 
 function successResult(result: unknown): CallToolResult {
-  const text = result === undefined ? "done" : JSON.stringify(result);
+  const text = result === undefined ? "done" : typeof result === "string" ? result : JSON.stringify(result);
   const structured =
     typeof result === "object" && result !== null && !Array.isArray(result)
       ? { structuredContent: result as Record<string, unknown> }
@@ -408,7 +413,7 @@ async function runJournaled<Args, R>(
       (call) =>
         withCurrentCall({ ...call, operationKey: chosen.key }, async () => {
           const result = await handler(args, extra);
-          return { externalId: options.externalId?.(result), result };
+          return { externalId: options.externalId?.(result), result: new JsonValue(result) };
         }),
       {
         inProgressWaitMs: options.inProgressWaitMs,

@@ -1,0 +1,122 @@
+/**
+ * What the wrappers send to the journal: what a function wrapped by `idempotent` (or a
+ * journaled MCP tool) returns is a value — a string is stored as a JSON string, never read as
+ * JSON text — and a replay gives back an equal value. Every function here pays at the
+ * sandbox first, so that `tests/typescript_client.rs` can check afterwards that each row
+ * holds exactly one effect.
+ */
+
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { InMemoryTransport } from "@modelcontextprotocol/sdk/inMemory.js";
+import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
+import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { z } from "zod";
+
+import { currentCall, idempotent, v1 } from "../src/index.js";
+import { registerJournaledTool, type JournaledToolOptions } from "../src/mcp.js";
+import { connect, PAY_817, Sandbox } from "./harness.js";
+
+const journal = connect();
+const sandbox = new Sandbox();
+after(() => journal.close());
+
+/** Pays at the sandbox under the current provider key (one effect per key). */
+async function payOnce(): Promise<void> {
+  await sandbox.pay(currentCall().providerKey, PAY_817);
+}
+
+/** What the wrapped functions return: the review's cases, each under its own key. */
+const RETURNED: [string, unknown][] = [
+  ["plain-string", "sent"],
+  ["json-looking-string", '{"id":"pay_1","status":"succeeded"}'],
+  ["number-looking-string", "42"],
+  ["null", null],
+  ["undefined", undefined],
+  ["number", 42],
+  ["array", [1, "two", { three: 3 }, null]],
+  ["object", { id: "pay_1", nested: { list: ["a"] } }],
+];
+
+test("what a wrapped function returns comes back equal, fresh and replayed", async () => {
+  for (const [name, value] of RETURNED) {
+    let calls = 0;
+    const key = `ts:values:${name}`;
+    const send = idempotent(
+      async (_to: string) => {
+        calls += 1;
+        await payOnce();
+        return value;
+      },
+      { journal, actionType: "create_payment", key },
+    );
+    assert.deepEqual(await send("someone"), value, `${name}: fresh`);
+    assert.deepEqual(await send("someone"), value, `${name}: replayed`);
+    const replayed = await send.outcome("someone");
+    assert.ok(replayed.kind === "succeeded", `${name}: ${replayed.kind}`);
+    assert.equal(replayed.replayed, true);
+    assert.deepEqual(replayed.result, value, `${name}: the outcome's result`);
+    assert.equal(calls, 1, name);
+    const row = await journal.get(key);
+    assert.equal(row.status, v1.OperationStatus.SUCCEEDED, name);
+    assert.deepEqual(await sandbox.effects(key), { requests: 1, effects: 1, lookups: 0 }, name);
+  }
+});
+
+/** An in-process MCP server with one journaled tool `send` whose handler is `handler`. */
+async function mcpTool(
+  handler: () => Promise<unknown>,
+  options: Partial<JournaledToolOptions<{ to: string }, unknown>> = {},
+): Promise<Client> {
+  const server = new McpServer({ name: "values", version: "0.2.0" });
+  registerJournaledTool(
+    server,
+    "send",
+    { inputSchema: { to: z.string() } },
+    { journal, actionType: "create_payment", subject: "message", ...options },
+    handler,
+  );
+  const [clientSide, serverSide] = InMemoryTransport.createLinkedPair();
+  await server.connect(serverSide);
+  const client = new Client({ name: "opjournal-test", version: "0.2.0" });
+  await client.connect(clientSide);
+  return client;
+}
+
+async function callSend(client: Client, idempotencyKey: string): Promise<CallToolResult> {
+  const params = { name: "send", arguments: { to: "someone" }, _meta: { idempotencyKey } };
+  return (await client.callTool(params)) as CallToolResult;
+}
+
+function text(result: CallToolResult): string {
+  const first = result.content[0];
+  assert.ok(first?.type === "text");
+  return first.text;
+}
+
+test("an MCP tool that returns a string answers that string, fresh and replayed", async () => {
+  for (const [name, value, shown] of [
+    ["tool-plain-string", "sent", "sent"],
+    ["tool-json-looking-string", '{"id":"msg_1"}', '{"id":"msg_1"}'],
+    ["tool-number", 42, "42"],
+  ] as const) {
+    let calls = 0;
+    const client = await mcpTool(async () => {
+      calls += 1;
+      await payOnce();
+      return value;
+    });
+    const fresh = await callSend(client, name);
+    const replayed = await callSend(client, name);
+    for (const result of [fresh, replayed]) {
+      assert.equal(result.isError, undefined, text(result));
+      assert.equal(text(result), shown, name);
+      assert.equal(result.structuredContent, undefined, name);
+    }
+    assert.equal(calls, 1, name);
+    assert.deepEqual(await sandbox.effects(`mcp:send:${name}`), { requests: 1, effects: 1, lookups: 0 }, name);
+    await client.close();
+  }
+});
