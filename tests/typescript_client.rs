@@ -13,6 +13,7 @@ use common::client_suites::{
 };
 use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
+use opjournal::sandbox::SandboxConfig;
 use sqlx::PgPool;
 
 const SETUP: &str = "./scripts/test prepares it with scripts/client-envs typescript \
@@ -221,9 +222,21 @@ async fn paid_once(app: &TestApp, keys: &[&str]) {
     }
 }
 
+/// The test policy with `create_payment_small_result`, whose stored result may be at most
+/// 256 bytes (`result.max_bytes`).
+fn small_result_policy(sandbox_url: &str) -> String {
+    policy_yaml(sandbox_url, 60).replacen(
+        "actions:\n",
+        "actions:\n  create_payment_small_result:\n    result: { max_bytes: 256 }\n    \
+         reconcile: { adapter: sandbox_payments }\n",
+        1,
+    )
+}
+
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn the_typescript_wrappers_store_what_functions_return_as_values(pool: PgPool) {
-    let app = TestApp::spawn(pool).await;
+    let app =
+        TestApp::spawn_with_policy(pool, SandboxConfig::default(), small_result_policy, None).await;
     node_test(&app, "values.test.js").await;
 
     // Strings (plain, JSON-looking), null, undefined, numbers, arrays and objects: each
@@ -252,4 +265,18 @@ async fn the_typescript_wrappers_store_what_functions_return_as_values(pool: PgP
     .await
     .unwrap();
     assert_eq!(stored.as_deref(), Some("\"sent\""), "stored as a JSON string");
+
+    // The provider acted but the journal refused the success report (or the result was not
+    // JSON): unknown at once, one effect, the function not called again.
+    for (key, code) in [
+        ("ts:values:refused-too-large", "result_refused"),
+        ("ts:values:refused-bad-external-id", "result_refused"),
+        ("ts:values:refused-long-external-id", "result_refused"),
+        ("ts:values:refused-not-serializable", "result_not_serializable"),
+        ("mcp:send:tool-too-large", "result_refused"),
+    ] {
+        assert_eq!(state(&app, key).await, is("unknown", 1, Some(code)), "{key}");
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
 }

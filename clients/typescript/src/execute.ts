@@ -43,6 +43,19 @@ function checkedCode(errorCode: string): string {
 }
 
 /**
+ * The error code of the unknown outcome reported when the provider call succeeded but the
+ * journal refused its success report (`INVALID_ARGUMENT`: `RESULT_TOO_LARGE`,
+ * `INVALID_RESULT`, `INVALID_EXTERNAL_ID`): the effect happened and is left to reconciliation.
+ */
+export const RESULT_REFUSED = "result_refused";
+
+/**
+ * The error code of the unknown outcome reported when the provider call succeeded but its
+ * result cannot be written as JSON (a `TypeError` of {@link JsonValue} or `JSON.stringify`).
+ */
+export const RESULT_NOT_SERIALIZABLE = "result_not_serializable";
+
+/**
  * Throw from the provider call when the provider *proved* that no effect happened and none
  * will (a declined card, a validation error before anything was stored). A timeout, a reset
  * connection, a 5xx or a proxy's odd answer is not a rejection. `errorCode` is a short
@@ -137,7 +150,15 @@ export interface VerificationRequired {
   readonly operation: Operation;
   /** True when this call reported the unknown outcome; false when Begin found it unknown. */
   readonly reported: boolean;
+  /**
+   * The code this call reported (`timeout`, `exception`, {@link RESULT_REFUSED}, …);
+   * undefined when Begin found the operation unknown.
+   */
   readonly errorCode?: string;
+  /**
+   * What made the outcome unknown: the provider call's error, or the journal's refusal of
+   * its success report (an {@link InvalidArgumentError}) after the provider acted.
+   */
   readonly cause?: unknown;
 }
 
@@ -340,9 +361,11 @@ function replay(operation: Operation): Outcome {
  * @returns the {@link Outcome}; switch on `kind`.
  * @throws {IdempotencyKeyReusedError} the key is bound to another payload; the provider was not called.
  * @throws {LeaseLostError} another holder took the lease over before this call's report.
- * @throws {InvalidArgumentError} a malformed request. When the journal refuses the report of
- *   a call that succeeded (e.g. `RESULT_TOO_LARGE`), the outcome is first reported unknown
- *   so that reconciliation settles it.
+ * @throws {InvalidArgumentError} a malformed request (nothing was called). When the journal
+ *   refuses the success report of a call that ran (`RESULT_TOO_LARGE`, `INVALID_RESULT`,
+ *   `INVALID_EXTERNAL_ID`), or its result cannot be written as JSON, nothing is thrown: the
+ *   outcome is reported unknown ({@link RESULT_REFUSED}, {@link RESULT_NOT_SERIALIZABLE})
+ *   and `verification_required` is returned with that error as its `cause`.
  * @throws {JournalUnavailableError} the journal could not be reached; calling `execute`
  *   again with the same key is safe (an unreported lease ends as unknown).
  */
@@ -404,8 +427,11 @@ export async function execute(
     done = await client.complete(token, { externalId: returned.externalId ?? "", result: returned.result });
   } catch (error) {
     if (error instanceof TypeError || error instanceof InvalidArgumentError) {
-      // The effect happened but this report cannot be recorded: leave it to reconciliation.
-      await client.reportUnknown(token, error instanceof TypeError ? "result_not_serializable" : "report_refused");
+      // The effect happened but this report cannot be recorded: it is reported unknown, so
+      // that reconciliation (or a reviewer) settles it, and the provider is not called again.
+      const code = error instanceof TypeError ? RESULT_NOT_SERIALIZABLE : RESULT_REFUSED;
+      const unknown = await client.reportUnknown(token, code);
+      return { kind: "verification_required", operation: unknown, reported: true, errorCode: code, cause: error };
     }
     throw error;
   }

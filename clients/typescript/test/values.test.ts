@@ -15,8 +15,16 @@ import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { z } from "zod";
 
-import { currentCall, idempotent, v1 } from "../src/index.js";
-import { registerJournaledTool, type JournaledToolOptions } from "../src/mcp.js";
+import {
+  currentCall,
+  idempotent,
+  InvalidArgumentError,
+  RESULT_NOT_SERIALIZABLE,
+  RESULT_REFUSED,
+  v1,
+  VerificationRequiredError,
+} from "../src/index.js";
+import { OUTCOME_META_KEY, registerJournaledTool, toolErrorText, type JournaledToolOptions } from "../src/mcp.js";
 import { connect, PAY_817, Sandbox } from "./harness.js";
 
 const journal = connect();
@@ -119,4 +127,82 @@ test("an MCP tool that returns a string answers that string, fresh and replayed"
     assert.deepEqual(await sandbox.effects(`mcp:send:${name}`), { requests: 1, effects: 1, lookups: 0 }, name);
     await client.close();
   }
+});
+
+/**
+ * The action of `tests/typescript_client.rs`'s policy for these tests whose stored result
+ * may be at most 256 bytes (`result.max_bytes`).
+ */
+const SMALL_RESULT = "create_payment_small_result";
+const TOO_LARGE = { id: "pay_large", note: "x".repeat(1000) };
+
+test("a success the journal refuses to record is verification required, and the function is not called again", async () => {
+  const cases: [string, Partial<{ actionType: string; externalId: string }>, unknown, string, string | undefined][] = [
+    ["too-large", { actionType: SMALL_RESULT }, TOO_LARGE, RESULT_REFUSED, "RESULT_TOO_LARGE"],
+    ["bad-external-id", { externalId: "pay\n1" }, { id: "pay_1" }, RESULT_REFUSED, "INVALID_EXTERNAL_ID"],
+    ["long-external-id", { externalId: "e".repeat(300) }, { id: "pay_1" }, RESULT_REFUSED, "INVALID_FIELD_LENGTH"],
+    ["not-serializable", {}, new Map([["id", "pay_1"]]), RESULT_NOT_SERIALIZABLE, undefined],
+  ];
+  for (const [name, options, value, code, reason] of cases) {
+    let calls = 0;
+    const key = `ts:values:refused-${name}`;
+    const pay = idempotent(
+      async (_order: string) => {
+        calls += 1;
+        await payOnce();
+        return value;
+      },
+      {
+        journal,
+        actionType: options.actionType ?? "create_payment",
+        key,
+        externalId: options.externalId === undefined ? undefined : () => options.externalId,
+      },
+    );
+    await assert.rejects(pay("817"), (error: unknown) => {
+      assert.ok(error instanceof VerificationRequiredError, `${name}: ${String(error)}`);
+      assert.equal(error.reported, true);
+      assert.equal(error.errorCode, code);
+      if (reason === undefined) {
+        assert.ok(error.cause instanceof TypeError, name);
+      } else {
+        assert.ok(error.cause instanceof InvalidArgumentError, name);
+        assert.equal(error.cause.reason, reason);
+      }
+      return true;
+    });
+    // Repeated: Begin answers VERIFICATION_REQUIRED and the function is not called again.
+    const again = await pay.outcome("817");
+    assert.ok(again.kind === "verification_required", `${name}: ${again.kind}`);
+    assert.equal(again.reported, false);
+    assert.equal(calls, 1, name);
+    const row = await journal.get(key);
+    assert.equal(row.status, v1.OperationStatus.UNKNOWN, name);
+    assert.equal(row.errorCode, code, name);
+    assert.deepEqual(await sandbox.effects(key), { requests: 1, effects: 1, lookups: 0 }, name);
+  }
+});
+
+test("an MCP tool whose result the journal refuses answers verification_required, not an error", async () => {
+  let calls = 0;
+  const client = await mcpTool(
+    async () => {
+      calls += 1;
+      await payOnce();
+      return TOO_LARGE;
+    },
+    { actionType: SMALL_RESULT },
+  );
+  for (let attempt = 0; attempt < 2; attempt++) {
+    const result = await callSend(client, "tool-too-large");
+    assert.equal(result.isError, true, text(result));
+    assert.equal(text(result), toolErrorText("verification_required", { subject: "message" }));
+    assert.equal(result._meta?.[OUTCOME_META_KEY], "verification_required");
+  }
+  assert.equal(calls, 1);
+  const row = await journal.get("mcp:send:tool-too-large");
+  assert.equal(row.status, v1.OperationStatus.UNKNOWN);
+  assert.equal(row.errorCode, RESULT_REFUSED);
+  assert.deepEqual(await sandbox.effects("mcp:send:tool-too-large"), { requests: 1, effects: 1, lookups: 0 });
+  await client.close();
 });
