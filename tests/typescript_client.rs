@@ -169,6 +169,18 @@ async fn the_typescript_idempotent_wrapper_runs_each_intent_once(pool: PgPool) {
         );
     }
     assert_eq!(app.counts("ts:idem:unexpected").requests, 0);
+    // A classifier hook that throws or names a malformed code: the payment the function
+    // made is recorded unknown at once, never as a rejection, never left in progress.
+    for (key, code) in [
+        ("ts:idem:classify-throws", "classifier_failed"),
+        ("ts:idem:classify-bad-rejection", "invalid_error_code"),
+        ("ts:idem:classify-bad-unknown", "invalid_error_code"),
+        ("ts:idem:classify-not-a-verdict", "invalid_error_code"),
+    ] {
+        assert_eq!(state(&app, key).await, is("unknown", 1, Some(code)), "{key}");
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
     assert_eq!(
         app.rows_for("ts:idem:hold-2").await,
         0,

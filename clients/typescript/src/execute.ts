@@ -56,6 +56,19 @@ export const RESULT_REFUSED = "result_refused";
 export const RESULT_NOT_SERIALIZABLE = "result_not_serializable";
 
 /**
+ * The error code of the unknown outcome reported when a classifier hook
+ * (`isConfirmedRejection`, `unknownErrorCode`, or `idempotent`'s `classify`) threw: an
+ * unproven rejection is no rejection.
+ */
+export const CLASSIFIER_FAILED = "classifier_failed";
+
+/**
+ * The error code of the unknown outcome reported when a classifier hook answered an error
+ * code that is not 1-100 characters of `[A-Za-z0-9._:-]`, or something else than a verdict.
+ */
+export const INVALID_ERROR_CODE = "invalid_error_code";
+
+/**
  * Throw from the provider call when the provider *proved* that no effect happened and none
  * will (a declined card, a validation error before anything was stored). A timeout, a reset
  * connection, a 5xx or a proxy's odd answer is not a rejection. `errorCode` is a short
@@ -195,10 +208,16 @@ export interface ExecuteOptions {
   renewLease?: boolean;
   /**
    * Maps an error thrown by `call` to the error code of a confirmed rejection, or
-   * undefined when it proves nothing. Default: {@link confirmedRejectionCode}.
+   * undefined when it proves nothing. Default: {@link confirmedRejectionCode}. When it
+   * throws, or answers a code that is not 1-100 characters of `[A-Za-z0-9._:-]`, the
+   * outcome is reported unknown at once ({@link CLASSIFIER_FAILED}, {@link INVALID_ERROR_CODE}).
    */
   isConfirmedRejection?: (error: unknown) => string | undefined;
-  /** Maps any other error to a short code for the journal. Default: {@link unknownOutcomeCode}. */
+  /**
+   * Maps any other error to a short code for the journal. Default: {@link unknownOutcomeCode}.
+   * When it throws or answers a malformed code, the outcome is still reported unknown, with
+   * {@link CLASSIFIER_FAILED} or {@link INVALID_ERROR_CODE}.
+   */
   unknownErrorCode?: (error: unknown) => string;
   /**
    * Milliseconds to wait while another holder's lease is live (`DECISION_IN_PROGRESS`):
@@ -407,12 +426,12 @@ export async function execute(
     returned = await call({ providerKey: held.providerKey, operation: held, signal: renewal.signal });
   } catch (error) {
     await renewal.stop();
-    const rejection = (options.isConfirmedRejection ?? confirmedRejectionCode)(error);
-    if (rejection !== undefined) {
-      const failed = await client.fail(token, rejection);
-      return { kind: "failed_final", operation: failed, errorCode: rejection, replayed: false, cause: error };
+    const decided = verdict(error, options);
+    if ("rejected" in decided) {
+      const failed = await client.fail(token, decided.rejected);
+      return { kind: "failed_final", operation: failed, errorCode: decided.rejected, replayed: false, cause: error };
     }
-    const code = (options.unknownErrorCode ?? unknownOutcomeCode)(error);
+    const code = decided.unknown;
     const unknown = await client.reportUnknown(token, code);
     return { kind: "verification_required", operation: unknown, reported: true, errorCode: code, cause: error };
   }
@@ -437,6 +456,33 @@ export async function execute(
   }
   const result = returned.result instanceof JsonValue ? returned.result.value : returned.result;
   return succeeded(done, false, result);
+}
+
+/**
+ * What the hooks of `options` decide for `error`, safe in every corner: a hook that throws
+ * is an unknown outcome ({@link CLASSIFIER_FAILED}), a code that is not 1-100 characters
+ * of `[A-Za-z0-9._:-]` too ({@link INVALID_ERROR_CODE}). Either is reported at once, so the
+ * operation never waits for its lease to expire.
+ */
+function verdict(error: unknown, options: ExecuteOptions): { rejected: string } | { unknown: string } {
+  let rejection: unknown;
+  try {
+    rejection = (options.isConfirmedRejection ?? confirmedRejectionCode)(error);
+  } catch {
+    return { unknown: CLASSIFIER_FAILED };
+  }
+  if (rejection !== undefined) {
+    return typeof rejection === "string" && ERROR_CODE.test(rejection)
+      ? { rejected: rejection }
+      : { unknown: INVALID_ERROR_CODE };
+  }
+  let code: unknown;
+  try {
+    code = (options.unknownErrorCode ?? unknownOutcomeCode)(error);
+  } catch {
+    return { unknown: CLASSIFIER_FAILED };
+  }
+  return typeof code === "string" && ERROR_CODE.test(code) ? { unknown: code } : { unknown: INVALID_ERROR_CODE };
 }
 
 /** Begin's `retry_after` in milliseconds (0 when absent). */

@@ -87,7 +87,9 @@ export interface IdempotentOptions<A extends unknown[], R> {
    * {@link ProviderRejected} is a confirmed rejection, a {@link ProviderOutcomeUnknown}
    * an unknown outcome with its code, and anything else an unknown outcome (`timeout`,
    * `connection_reset`, `connection_error` or `exception`). Say `rejected` only when the
-   * provider proved that nothing happened.
+   * provider proved that nothing happened. Codes are 1-100 characters of `[A-Za-z0-9._:-]`;
+   * a hook that throws is an unknown outcome `classifier_failed`, and a malformed code or
+   * answer an unknown outcome `invalid_error_code`, reported at once.
    */
   classify?: (error: unknown) => Classification | undefined;
   /** Wait for another holder's lease up to this long (see `ExecuteOptions.inProgressWaitMs`). */

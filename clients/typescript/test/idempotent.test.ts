@@ -10,6 +10,7 @@ import assert from "node:assert/strict";
 import { after, test } from "node:test";
 
 import {
+  type Classification,
   currentCall,
   DuplicateIntentSuspectedError,
   FailedFinalError,
@@ -253,4 +254,43 @@ test("a lease that ends during the call aborts currentCall().signal with LeaseLo
     return true;
   });
   assert.ok(aborted instanceof LeaseLostError);
+});
+
+test("a classifier that throws or names a malformed code is an unknown outcome at once", async () => {
+  const cases: [string, (error: unknown) => Classification | undefined, string][] = [
+    ["classify-throws", () => {
+      throw new Error("a broken hook");
+    }, "classifier_failed"],
+    ["classify-bad-rejection", () => ({ rejected: "card declined!" }), "invalid_error_code"],
+    ["classify-bad-unknown", () => ({ unknown: "" }), "invalid_error_code"],
+    ["classify-not-a-verdict", () => ({ rejected: 402 }) as unknown as Classification, "invalid_error_code"],
+  ];
+  for (const [name, classify, code] of cases) {
+    const key = `ts:idem:${name}`;
+    let calls = 0;
+    const pay = idempotent(
+      async (order: Order) => {
+        calls += 1;
+        // The provider took the payment; then something failed on the way back.
+        await sandbox.pay(currentCall().providerKey, order);
+        throw new Error("the answer was lost");
+      },
+      { journal, actionType: "create_payment", key, classify },
+    );
+    const order = { ...PAY_817, order_id: name };
+    await assert.rejects(pay(order), (error: unknown) => {
+      assert.ok(error instanceof VerificationRequiredError, `${name}: ${String(error)}`);
+      assert.equal(error.reported, true);
+      assert.equal(error.errorCode, code, name);
+      return true;
+    });
+    // Recorded now, not left in progress until the lease expires; not called again.
+    const row = await journal.get(key);
+    assert.equal(row.status, v1.OperationStatus.UNKNOWN, name);
+    assert.equal(row.errorCode, code, name);
+    const again = await pay.outcome(order);
+    assert.equal(again.kind, "verification_required", name);
+    assert.equal(calls, 1, name);
+    assert.deepEqual(await sandbox.effects(key), { requests: 1, effects: 1, lookups: 0 }, name);
+  }
 });
