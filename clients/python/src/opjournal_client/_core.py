@@ -70,6 +70,36 @@ def to_json_text(value: Any) -> str:
     return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
+@dataclass(frozen=True)
+class JsonValue:
+    """A result that is a value, never JSON text: ``value`` is always serialized with the JSON
+    encoder (a ``str`` becomes a JSON string), so a replay gives back an equal value.
+    ``@idempotent`` and the agent integrations wrap what the protected function returned in
+    it; the low-level ``result=`` arguments keep reading a ``str`` as JSON text."""
+
+    value: Any
+
+
+def result_json(result: Any) -> str:
+    """The ``result_json`` of a report: ``""`` (no result body) for ``None`` or a
+    :class:`JsonValue` of ``None``; a :class:`JsonValue` serialized as a value; anything
+    else through :func:`to_json_text`.
+
+    Raises:
+        TypeError / ValueError: when the value cannot be serialized.
+    """
+    if isinstance(result, JsonValue):
+        if result.value is None:
+            return ""
+        return json.dumps(result.value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    return "" if result is None else to_json_text(result)
+
+
+def plain_result(result: Any) -> Any:
+    """``result`` without its :class:`JsonValue` wrapper."""
+    return result.value if isinstance(result, JsonValue) else result
+
+
 # Requests, built once for both clients.
 
 
@@ -98,11 +128,12 @@ def begin_request(
 def complete_request(
     lease_token: str, *, external_id: str = "", result: Any = None
 ) -> pb.CompleteOperationRequest:
-    """The CompleteOperation request (``result`` ``None``: no result body)."""
+    """The CompleteOperation request (``result`` through :func:`result_json`; ``None``: no
+    result body)."""
     return pb.CompleteOperationRequest(
         lease_token=lease_token,
         external_id=external_id,
-        result_json="" if result is None else to_json_text(result),
+        result_json=result_json(result),
     )
 
 
@@ -369,4 +400,4 @@ def _execute(
             report_retry_seconds,
         )
         raise
-    return succeeded(done, replayed=False, provider_result=returned.result)
+    return succeeded(done, replayed=False, provider_result=plain_result(returned.result))

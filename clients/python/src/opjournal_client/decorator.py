@@ -51,6 +51,7 @@ from typing import (
     overload,
 )
 
+from . import _core
 from .client import JournalClient
 from .outcomes import (
     Classifier,
@@ -339,8 +340,6 @@ def idempotent(
             return {name: bound[name] for name in payload}
 
         def provider_result(value: Any) -> ProviderResult:
-            if isinstance(value, ProviderResult) and to_result is None and external_id is None:
-                return value
             stored = to_result(value) if to_result is not None else (
                 value.result if isinstance(value, ProviderResult) else value
             )
@@ -348,7 +347,8 @@ def idempotent(
                 ident = external_id(value) or ""
             else:
                 ident = value.external_id if isinstance(value, ProviderResult) else ""
-            return ProviderResult(external_id=ident, result=stored)
+            # A value, never JSON text: a returned str is stored as a JSON string.
+            return ProviderResult(external_id=ident, result=_core.JsonValue(stored))
 
         def answer(outcome: Outcome, fresh: list[Any]) -> Any:
             if returns == "outcome":

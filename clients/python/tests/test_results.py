@@ -1,0 +1,120 @@
+"""What a protected function returns, and what the journal refuses to record, against the real
+server and sandbox: a returned value is a value (a ``str`` is never read as JSON text), a
+refused success report is an unknown outcome (never an error as if nothing had happened),
+and decorations that could only go wrong are refused up front. ``tests/python_client.rs``
+checks the rows and the sandbox's counts of the ``py:results:*`` keys afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Iterator
+
+import pytest
+
+from conftest import Sandbox
+from opjournal.v1 import journal_pb2 as pb
+from opjournal_client import (
+    JournalClient,
+    ProviderResult,
+    VerificationRequired,
+    VerificationRequiredError,
+    current_call,
+    idempotent,
+)
+from opjournal_client.aio import AsyncJournalClient
+from opjournal_client.integrations.core import (
+    Journaled,
+    JournaledToolError,
+    namespaced_client_key,
+    run_journaled,
+)
+
+#: The values a protected function returns, fresh and replayed; the JSON-looking string
+#: above all must come back as the same string, not as the object it spells.
+VALUES: list[tuple[str, Any]] = [
+    ("plain-str", "msg_123"),
+    ("json-str", '{"a": 1}'),
+    ("quoted-str", '"quoted"'),
+    ("none", None),
+    ("number", 42),
+    ("float", 1.5),
+    ("list", [1, "two", {"three": 3}]),
+    ("object", {"id": "msg_1", "nested": ["x"]}),
+]
+
+
+def pay(sandbox: Sandbox, order_id: str) -> dict[str, Any]:
+    return sandbox.pay(
+        current_call().provider_key,
+        {"order_id": order_id, "amount_minor": 1000, "currency": "EUR"},
+    )
+
+
+def status(client: JournalClient, key: str) -> str:
+    return pb.OperationStatus.Name(client.get(key).status)
+
+
+@pytest.mark.parametrize(("label", "value"), VALUES, ids=[label for label, _ in VALUES])
+def test_a_returned_value_is_stored_as_a_value_and_replayed_equal(
+    client: JournalClient, sandbox: Sandbox, label: str, value: Any
+) -> None:
+    key = f"py:results:value-{label}"
+    calls: list[str] = []
+
+    @idempotent(client, action_type="create_payment", key=key)
+    def send(order_id: str) -> Any:
+        calls.append(order_id)
+        pay(sandbox, order_id)
+        return value
+
+    fresh = send(label)
+    replayed = send(label)
+    assert fresh == value and type(fresh) is type(value)
+    assert replayed == value and type(replayed) is type(value)
+    assert calls == [label], "the replay does not call the function"
+    assert status(client, key) == "OPERATION_STATUS_SUCCEEDED"
+    assert sandbox.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}
+
+
+def test_an_async_function_returning_a_string_is_replayed_equal(
+    client: JournalClient, sandbox: Sandbox
+) -> None:
+    key = "py:results:value-async-str"
+
+    async def scenario() -> tuple[Any, Any]:
+        async with AsyncJournalClient.connect(target_of(client)) as journal:
+
+            @idempotent(journal, action_type="create_payment", key=key)
+            async def send(order_id: str) -> str:
+                pay(sandbox, order_id)
+                return '{"a": 1}'
+
+            return await send("a"), await send("a")
+
+    fresh, replayed = asyncio.run(scenario())
+    assert fresh == replayed == '{"a": 1}'
+    assert status(client, key) == "OPERATION_STATUS_SUCCEEDED"
+    assert sandbox.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}
+
+
+def test_a_tool_returning_a_string_answers_the_same_string_on_replay(
+    client: JournalClient, sandbox: Sandbox
+) -> None:
+    key = "py:results:tool-str"
+    spec = Journaled(client, action_type="create_payment", subject="message")
+
+    def body() -> str:
+        pay(sandbox, "tool")
+        return "msg_123"
+
+    assert run_journaled(spec, key, {"order_id": "tool"}, body) == "msg_123"
+    assert run_journaled(spec, key, {"order_id": "tool"}, body) == "msg_123"
+    assert status(client, key) == "OPERATION_STATUS_SUCCEEDED"
+    assert sandbox.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}
+
+
+def target_of(client: JournalClient) -> str:
+    import os
+
+    return os.environ["OPJOURNAL_TEST_SERVER"]
