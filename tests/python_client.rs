@@ -228,4 +228,21 @@ async fn the_python_decorator_stores_values_and_never_loses_an_effect_it_cannot_
         assert_eq!(result.as_deref().map(parse), stored.map(parse), "{key}");
         assert_eq!(app.counts(&key).effects, 1, "{key}");
     }
+
+    // A success report the journal refused: unknown (result_refused), one provider call.
+    for key in [
+        "py:results:refused-external-id",
+        "py:results:too-large-sync",
+        "py:results:too-large-async",
+        "py:results:tool-too-large",
+    ] {
+        let refused = row(&app, key).await.unwrap();
+        assert_eq!(
+            (refused.status.as_str(), refused.attempt_count, refused.error_code.as_deref()),
+            ("unknown", 1, Some("result_refused")),
+            "{key}"
+        );
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
 }

@@ -118,3 +118,96 @@ def target_of(client: JournalClient) -> str:
     import os
 
     return os.environ["OPJOURNAL_TEST_SERVER"]
+
+
+# A success report the journal refuses: the provider acted, so the outcome is unknown.
+
+
+def test_a_refused_external_id_is_an_unknown_outcome_and_not_called_again(
+    client: JournalClient, sandbox: Sandbox
+) -> None:
+    # send_email has no lookup: the row stays unknown for these checks.
+    key = "py:results:refused-external-id"
+    calls: list[str] = []
+
+    @idempotent(
+        client,
+        action_type="send_email",
+        key=key,
+        external_id=lambda _: "x" * 201,  # longer than the journal takes (200)
+    )
+    def send(order_id: str) -> dict[str, Any]:
+        calls.append(order_id)
+        return pay(sandbox, order_id)
+
+    with pytest.raises(VerificationRequiredError) as first:
+        send("1")
+    assert first.value.reported is True
+    assert first.value.error_code == "result_refused"
+    assert getattr(first.value.__cause__, "reason", None) == "INVALID_FIELD_LENGTH"
+    with pytest.raises(VerificationRequiredError) as again:
+        send("1")
+    assert again.value.reported is False
+    assert calls == ["1"]
+    operation = client.get(key)
+    assert operation.status == pb.OPERATION_STATUS_UNKNOWN
+    assert operation.error_code == "result_refused"
+    assert sandbox.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}
+
+
+def test_a_result_over_the_limit_is_an_unknown_outcome_for_execute_and_asyncio(
+    client: JournalClient, sandbox: Sandbox
+) -> None:
+    # Over the journal's max_result_bytes (64 KiB by default): INVALID_RESULT.
+    big = {"body": "x" * 70_000}
+    sync_key = "py:results:too-large-sync"
+
+    def call(provider_call: Any) -> ProviderResult:
+        sandbox.pay(provider_call.provider_key, {"amount_minor": 1, "currency": "EUR"})
+        return ProviderResult(result=big)
+
+    outcome = client.execute(sync_key, "send_email", {"n": 1}, call)
+    assert isinstance(outcome, VerificationRequired)
+    assert (outcome.reported, outcome.error_code) == (True, "result_refused")
+    assert getattr(outcome.cause, "reason", None) == "INVALID_RESULT"
+    again = client.execute(sync_key, "send_email", {"n": 1}, call)
+    assert isinstance(again, VerificationRequired) and again.reported is False
+    assert status(client, sync_key) == "OPERATION_STATUS_UNKNOWN"
+    assert sandbox.effects(sync_key) == {"requests": 1, "effects": 1, "lookups": 0}
+
+    async_key = "py:results:too-large-async"
+
+    async def scenario() -> tuple[Any, Any]:
+        async with AsyncJournalClient.connect(target_of(client)) as journal:
+
+            async def acall(provider_call: Any) -> ProviderResult:
+                return call(provider_call)
+
+            first = await journal.execute(async_key, "send_email", {"n": 2}, acall)
+            second = await journal.execute(async_key, "send_email", {"n": 2}, acall)
+            return first, second
+
+    first, second = asyncio.run(scenario())
+    assert isinstance(first, VerificationRequired)
+    assert (first.reported, first.error_code) == (True, "result_refused")
+    assert isinstance(second, VerificationRequired) and second.reported is False
+    assert status(client, async_key) == "OPERATION_STATUS_UNKNOWN"
+    assert sandbox.effects(async_key) == {"requests": 1, "effects": 1, "lookups": 0}
+
+
+def test_a_tool_whose_result_is_refused_reads_verification_required(
+    client: JournalClient, sandbox: Sandbox
+) -> None:
+    key = "py:results:tool-too-large"
+    spec = Journaled(client, action_type="send_email", subject="message")
+
+    def body() -> str:
+        pay(sandbox, "big")
+        return "x" * 70_000
+
+    for _ in range(2):
+        with pytest.raises(JournaledToolError) as refused:
+            run_journaled(spec, key, {"to": "a"}, body)
+        assert refused.value.kind == "verification_required"
+    assert status(client, key) == "OPERATION_STATUS_UNKNOWN"
+    assert sandbox.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}

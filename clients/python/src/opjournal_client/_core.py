@@ -54,6 +54,15 @@ RETRIED_REPORT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
 )
 
+#: The error code of the unknown outcome reported when the journal refused the success
+#: report of a provider call that acted (``INVALID_ARGUMENT``: ``INVALID_RESULT``,
+#: ``RESULT_TOO_LARGE``, ``INVALID_EXTERNAL_ID``, ...).
+RESULT_REFUSED = "result_refused"
+
+#: The error code of the unknown outcome reported when the provider's result cannot be
+#: serialized as JSON.
+RESULT_NOT_SERIALIZABLE = "result_not_serializable"
+
 _FIRST_DELAY = 0.05
 _MAX_DELAY = 1.0
 
@@ -383,21 +392,37 @@ def _execute(
         raise TypeError("the provider function must return a ProviderResult")
     try:
         request = complete_request(token, external_id=returned.external_id, result=returned.result)
-    except (TypeError, ValueError):
-        # The result cannot be serialized: the effect happened but cannot be recorded here.
-        yield from _report(
+    except (TypeError, ValueError) as error:
+        # The effect happened but its result cannot be recorded: unknown, for the
+        # reconciler to settle (its lookup finds the effect), never a failure.
+        LOG.warning(
+            "the provider's result cannot be serialized (%s); reporting the outcome unknown",
+            type(error).__name__,
+        )
+        recorded = yield from _report(
             "ReportUnknownOutcome",
-            report_unknown_request(token, "result_not_serializable"),
+            report_unknown_request(token, RESULT_NOT_SERIALIZABLE),
             report_retry_seconds,
         )
-        raise
+        return VerificationRequired(
+            recorded, reported=True, error_code=RESULT_NOT_SERIALIZABLE, cause=error
+        )
     try:
         done = yield from _report("CompleteOperation", request, report_retry_seconds)
-    except InvalidArgumentError:
-        yield from _report(
+    except InvalidArgumentError as error:
+        # The journal refused the success report (INVALID_RESULT, RESULT_TOO_LARGE,
+        # INVALID_EXTERNAL_ID, ...) after the provider acted: unknown, never raised as if
+        # nothing had happened.
+        LOG.warning(
+            "the journal refused the success report (%s); reporting the outcome unknown",
+            error.reason or error.code.name,
+        )
+        recorded = yield from _report(
             "ReportUnknownOutcome",
-            report_unknown_request(token, "report_refused"),
+            report_unknown_request(token, RESULT_REFUSED),
             report_retry_seconds,
         )
-        raise
+        return VerificationRequired(
+            recorded, reported=True, error_code=RESULT_REFUSED, cause=error
+        )
     return succeeded(done, replayed=False, provider_result=plain_result(returned.result))

@@ -220,7 +220,14 @@ def execute(
 
     Returns:
         One of :class:`Succeeded`, :class:`FailedFinal`, :class:`VerificationRequired`,
-        :class:`InProgress`, :class:`DuplicateIntentSuspected`.
+        :class:`InProgress`, :class:`DuplicateIntentSuspected`. When the provider acted
+        but the journal refused the success report (``INVALID_ARGUMENT``: e.g.
+        ``INVALID_RESULT``, ``RESULT_TOO_LARGE``, ``INVALID_EXTERNAL_ID``), the outcome is
+        reported unknown and ``VerificationRequired(reported=True,
+        error_code="result_refused", cause=<the InvalidArgumentError>)`` is returned (a
+        warning names the reason, never the result); a result that cannot be serialized
+        likewise gives ``error_code="result_not_serializable"``. ``ProviderResult.result``
+        here may be JSON text (a ``str`` is sent as it is) or a value.
 
     Reports whose answer is lost (``UNAVAILABLE``, ``CANCELLED``, ``DEADLINE_EXCEEDED``,
     a connection that cannot be made) are repeated with the same token and outcome, with
@@ -232,9 +239,8 @@ def execute(
         LeaseLostError: another holder took the lease over before this call's report; the
             report was not recorded (that holder's outcome counts). ``ProviderCall.lease_lost``
             was set meanwhile if a renewal saw it first.
-        InvalidArgumentError: a malformed request. When the journal refuses the report of a
-            call that succeeded (e.g. ``RESULT_TOO_LARGE``), the outcome is first reported
-            unknown so that reconciliation settles it, then the error is raised.
+        InvalidArgumentError: a malformed request (Begin's: nothing was registered). A
+            refused success report is not raised: see Returns.
         JournalUnavailableError: the journal could not be reached (for a report: not within
             ``report_retry_seconds``). Calling ``execute`` again with the same key is safe:
             an unreported lease ends and the operation is reconciled.
