@@ -211,3 +211,20 @@ def test_a_tool_whose_result_is_refused_reads_verification_required(
         assert refused.value.kind == "verification_required"
     assert status(client, key) == "OPERATION_STATUS_UNKNOWN"
     assert sandbox.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}
+
+
+# Decorations and keys refused before anything is registered.
+
+
+def test_generator_functions_are_refused_at_decoration(client: JournalClient) -> None:
+    def generator() -> Iterator[int]:
+        yield 1
+
+    async def async_generator() -> AsyncIterator[int]:
+        yield 1
+
+    with pytest.raises(TypeError, match="generator function"):
+        idempotent(client, action_type="create_payment", key="py:results:gen")(generator)
+    # An async generator with a sync client: the generator is what is refused.
+    with pytest.raises(TypeError, match="generator function"):
+        idempotent(client, action_type="create_payment", key="py:results:agen")(async_generator)

@@ -315,6 +315,13 @@ def idempotent(
         raise TypeError("payload is a list of argument names, not one string")
 
     def decorate(function: Callable[P, Any]) -> Callable[P, Any]:
+        name = getattr(function, "__qualname__", "the function")
+        if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+            # Calling one only makes a generator: the body would run after the report.
+            raise TypeError(
+                f"{name} is a generator function: @idempotent protects a function that "
+                "returns its result (collect the items and return them)"
+            )
         signature = inspect.signature(function)
         is_async = inspect.iscoroutinefunction(function)
         if isinstance(journal, JournalClient) or _is_async_client(journal) or not callable(journal):
