@@ -246,7 +246,7 @@ async fn the_python_decorator_stores_values_and_never_loses_an_effect_it_cannot_
         assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
     }
     // Refused decorations and keys registered nothing.
-    for key in ["py:results:gen", "py:results:agen"] {
+    for key in ["py:results:gen", "py:results:agen", "py:results:method"] {
         assert!(row(&app, key).await.is_none(), "{key}");
     }
 }

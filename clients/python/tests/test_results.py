@@ -228,3 +228,40 @@ def test_generator_functions_are_refused_at_decoration(client: JournalClient) ->
     # An async generator with a sync client: the generator is what is refused.
     with pytest.raises(TypeError, match="generator function"):
         idempotent(client, action_type="create_payment", key="py:results:agen")(async_generator)
+
+
+def test_a_key_function_returning_no_string_is_refused_before_begin(
+    client: JournalClient,
+) -> None:
+    @idempotent(client, action_type="create_payment", key=lambda order_id: 817)  # type: ignore[arg-type, return-value]
+    def send(order_id: str) -> None:
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match="key function of .*send returned int"):
+        send("817")
+
+
+def test_a_method_needs_a_declared_payload(client: JournalClient, sandbox: Sandbox) -> None:
+    with pytest.raises(TypeError, match="payload="):
+
+        class Mailer:
+            @idempotent(client, action_type="create_payment", key="py:results:method")
+            def send(self, order_id: str) -> None:
+                raise AssertionError("never called")
+
+    key = "py:results:method-payload"
+
+    class Payments:
+        def __init__(self, calls: list[str]) -> None:
+            self.calls = calls
+
+        @idempotent(client, action_type="create_payment", key=key, payload=["order_id"])
+        def pay(self, order_id: str) -> str:
+            self.calls.append(order_id)
+            return pay(sandbox, order_id)["id"]
+
+    calls: list[str] = []
+    first = Payments(calls).pay("m")
+    assert Payments(calls).pay("m") == first
+    assert calls == ["m"]
+    assert sandbox.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}

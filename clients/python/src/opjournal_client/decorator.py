@@ -287,10 +287,15 @@ def idempotent(
             or a function called with the function's arguments **by name** (bound with
             :func:`inspect.signature`, defaults applied), e.g.
             ``lambda order_id, **_: f"payment:{order_id}"``. Never let a model choose it.
+            A key function returning anything but a ``str`` raises ``TypeError`` (naming
+            the function) before anything is registered.
         payload: what is hashed and bound to the key: ``None`` -- all the bound arguments
             as a JSON object (``{"name": value}``); a list of argument names -- those only;
             a function called with the arguments by name returning the payload. Another
-            payload under the same key raises :class:`IdempotencyKeyReusedError`.
+            payload under the same key raises :class:`IdempotencyKeyReusedError`. A method
+            (first parameter ``self`` or ``cls``) must declare it: ``self`` is not JSON, and
+            leaving it out silently could make two instances' intents hash the same, so
+            ``payload=None`` there raises ``TypeError`` at decoration.
         namespace: the tenant namespace (empty: ``default``).
         classify: the exception classifier (see ``execute``); the default makes only
             :class:`ProviderRejected` a confirmed rejection and everything else unknown.
@@ -324,6 +329,15 @@ def idempotent(
             )
         signature = inspect.signature(function)
         is_async = inspect.iscoroutinefunction(function)
+        first = next(iter(signature.parameters), None)
+        if payload is None and first in ("self", "cls"):
+            # self is no JSON value, and leaving it out could make two instances' intents
+            # hash the same: the payload of a method must be declared.
+            raise TypeError(
+                f"{name} looks like a method (its first argument is {first!r}): declare "
+                "payload= (the argument names, or a function of them) -- "
+                f"{first} is not a JSON value"
+            )
         if isinstance(journal, JournalClient) or _is_async_client(journal) or not callable(journal):
             _check_client(journal, is_async, function)
         if payload is not None and not callable(payload):
@@ -333,8 +347,14 @@ def idempotent(
 
         def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
             bound = _bind(signature, args, kwargs)
+            operation_key = key if isinstance(key, str) else key(**bound)
+            if not isinstance(operation_key, str):
+                raise TypeError(
+                    f"the key function of {name} returned {type(operation_key).__name__}, "
+                    "not str: the operation key is a string"
+                )
             return {
-                "operation_key": key if isinstance(key, str) else key(**bound),
+                "operation_key": operation_key,
                 "payload": _payload(bound),
                 "references": references(**bound) if callable(references) else references,
             }
