@@ -265,3 +265,11 @@ def test_a_method_needs_a_declared_payload(client: JournalClient, sandbox: Sandb
     assert Payments(calls).pay("m") == first
     assert calls == ["m"]
     assert sandbox.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}
+
+
+def test_a_client_key_too_long_for_the_scope_is_an_invalid_key() -> None:
+    scope = "mcp:" + "t" * 80
+    with pytest.raises(JournaledToolError) as refused:
+        namespaced_client_key(scope, "k" * 128, subject="payment")
+    assert refused.value.kind == "invalid_key"
+    assert namespaced_client_key(scope, "k" * 115) == f"{scope}:{'k' * 115}"
