@@ -250,3 +250,32 @@ async fn the_python_decorator_stores_values_and_never_loses_an_effect_it_cannot_
         assert!(row(&app, key).await.is_none(), "{key}");
     }
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_client_reports_a_lease_granted_to_a_cancelled_caller_unknown(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    pytest(&app, &["tests/test_cancel.py"]).await;
+
+    for key in ["py:cancel:async", "py:cancel:sync"] {
+        // Registered, reported unknown before any provider call, released by the lookup,
+        // then executed once.
+        let history = transitions(&app, key).await;
+        let history: Vec<(Option<&str>, &str)> = history
+            .iter()
+            .map(|(from, to)| (from.as_deref(), to.as_str()))
+            .collect();
+        assert_eq!(
+            history,
+            [
+                (None, "in_progress"),
+                (Some("in_progress"), "unknown"),
+                (Some("unknown"), "pending"),
+                (Some("pending"), "in_progress"),
+                (Some("in_progress"), "succeeded"),
+            ],
+            "{key}"
+        );
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
+}
