@@ -291,4 +291,33 @@ async fn the_typescript_wrappers_store_what_functions_return_as_values(pool: PgP
         let counts = app.counts(key);
         assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
     }
+
+    // A payload JSON would write lossily (a Map, a Set, a BigInt, undefined in an array…)
+    // was refused before Begin: no row, no provider call.
+    for name in [
+        "map",
+        "set",
+        "function",
+        "symbol",
+        "bigint",
+        "nan",
+        "infinity",
+        "class-instance",
+        "class-instance-with-field",
+        "undefined-in-array",
+        "hole-in-array",
+        "undefined-between-arguments",
+        "nested-map",
+        "symbol-key",
+        "circular",
+        "function-map",
+        "begin-map",
+        "two-maps",
+    ] {
+        let key = format!("ts:values:payload-{name}");
+        assert_eq!(app.rows_for(&key).await, 0, "{key}");
+        assert_eq!(app.counts(&key).requests, 0, "{key}");
+    }
+    // f(1) and f(1, undefined) are one intent; a Date is its ISO text.
+    paid_once(&app, &["ts:values:trailing-undefined", "ts:values:payload-date"]).await;
 }

@@ -67,8 +67,9 @@ export interface BeginRequest {
   /** The action as named in the server's policy, e.g. `"create_payment"`. */
   actionType: string;
   /**
-   * The provider request's parameters: a JSON object as text, or a value to
-   * `JSON.stringify`. Only its SHA-256 (RFC 8785 canonical form) is stored.
+   * The provider request's parameters: a JSON object as text, or a plain object (written by
+   * {@link toJsonText}; a `Map`, a class instance, a `BigInt`… throw a `TypeError` before
+   * anything is sent). Only its SHA-256 (RFC 8785 canonical form) is stored.
    */
   payload: unknown;
   /** The tenant namespace; empty or absent means `default`. */
@@ -84,9 +85,12 @@ export interface BeginRequest {
 /**
  * `value` as JSON text: a string is taken as JSON text already; a {@link JsonValue} is
  * written as its value (a string in it becomes a JSON string); anything else with
- * `JSON.stringify`.
+ * {@link jsonText}, which refuses what `JSON.stringify` would change silently.
  *
- * @throws {TypeError} the value cannot be written as JSON.
+ * @throws {TypeError} the value cannot be written as JSON without loss: a `Map`, a `Set`,
+ *   a class instance without `toJSON`, a function, a symbol, a `BigInt`, `NaN`, `undefined`
+ *   in an array (see {@link jsonText}). For a payload this is thrown before anything is
+ *   sent, so two different intents never hash the same.
  */
 export function toJsonText(value: unknown): string {
   if (value instanceof JsonValue) {
@@ -95,11 +99,7 @@ export function toJsonText(value: unknown): string {
   if (typeof value === "string") {
     return value;
   }
-  const text = JSON.stringify(value);
-  if (text === undefined) {
-    throw new TypeError("the value cannot be serialized as JSON");
-  }
-  return text;
+  return jsonText(value);
 }
 
 /** The `result_json` of a report: `""` (no result body) for undefined or a {@link JsonValue} of undefined. */

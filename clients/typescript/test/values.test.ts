@@ -17,8 +17,10 @@ import { z } from "zod";
 
 import {
   currentCall,
+  IdempotencyKeyReusedError,
   idempotent,
   InvalidArgumentError,
+  OperationNotFoundError,
   RESULT_NOT_SERIALIZABLE,
   RESULT_REFUSED,
   v1,
@@ -205,4 +207,108 @@ test("an MCP tool whose result the journal refuses answers verification_required
   assert.equal(row.errorCode, RESULT_REFUSED);
   assert.deepEqual(await sandbox.effects("mcp:send:tool-too-large"), { requests: 1, effects: 1, lookups: 0 });
   await client.close();
+});
+
+class Empty {}
+class WithField {
+  constructor(readonly id: string) {}
+}
+
+test("a payload JSON would write lossily is a TypeError before Begin; nothing is registered or called", async () => {
+  const sparse: unknown[] = [1];
+  sparse[2] = 3;
+  const circular: Record<string, unknown> = {};
+  circular.self = circular;
+  const refused: [string, unknown[]][] = [
+    ["map", [new Map([["a", 1]])]],
+    ["set", [new Set([1])]],
+    ["function", [() => 1]],
+    ["symbol", [Symbol("s")]],
+    ["bigint", [10n]],
+    ["nan", [Number.NaN]],
+    ["infinity", [{ amount: Number.POSITIVE_INFINITY }]],
+    ["class-instance", [new Empty()]],
+    ["class-instance-with-field", [new WithField("a")]],
+    ["undefined-in-array", [[1, undefined]]],
+    ["hole-in-array", [sparse]],
+    ["undefined-between-arguments", [1, undefined, 2]],
+    ["nested-map", [{ items: new Map([["b", 999]]) }]],
+    ["symbol-key", [{ [Symbol("k")]: 1 }]],
+    ["circular", [circular]],
+  ];
+  for (const [name, args] of refused) {
+    let calls = 0;
+    const key = `ts:values:payload-${name}`;
+    const pay = idempotent(
+      async (..._args: unknown[]) => {
+        calls += 1;
+        await payOnce();
+        return "paid";
+      },
+      { journal, actionType: "create_payment", key },
+    );
+    await assert.rejects(pay(...args), TypeError, name);
+    assert.equal(calls, 0, name);
+    await assert.rejects(journal.get(key), OperationNotFoundError, name);
+  }
+  // The same through a payload function, and through the client's own Begin.
+  const viaPayload = idempotent(async (_order: Map<string, number>) => "paid", {
+    journal,
+    actionType: "create_payment",
+    key: "ts:values:payload-function-map",
+    payload: (order) => ({ order }),
+  });
+  await assert.rejects(viaPayload(new Map([["a", 1]])), TypeError);
+  await assert.rejects(
+    journal.begin({ operationKey: "ts:values:payload-begin-map", actionType: "create_payment", payload: new Map() }),
+    TypeError,
+  );
+  for (const key of ["ts:values:payload-function-map", "ts:values:payload-begin-map"]) {
+    await assert.rejects(journal.get(key), OperationNotFoundError, key);
+  }
+});
+
+test("two different Maps under one key are refused, not replayed as one intent", async () => {
+  let calls = 0;
+  const pay = idempotent(
+    async (items: Map<string, number>) => {
+      calls += 1;
+      return { n: items.size };
+    },
+    { journal, actionType: "create_payment", key: "ts:values:payload-two-maps" },
+  );
+  await assert.rejects(pay(new Map([["a", 1]])), TypeError);
+  await assert.rejects(pay(new Map([["b", 999]])), TypeError);
+  assert.equal(calls, 0);
+});
+
+test("trailing undefined arguments are one intent with their absence; a Date is its ISO text", async () => {
+  let calls = 0;
+  const pay = idempotent(
+    async (_amount: number, _note?: string) => {
+      calls += 1;
+      await payOnce();
+      return "paid";
+    },
+    { journal, actionType: "create_payment", key: "ts:values:trailing-undefined" },
+  );
+  assert.equal(await pay(1), "paid");
+  assert.equal(await pay(1, undefined), "paid");
+  assert.equal(calls, 1);
+  await assert.rejects(pay(1, "a note"), IdempotencyKeyReusedError);
+  assert.equal(calls, 1);
+
+  let dated = 0;
+  const at = idempotent(
+    async (_when: Date) => {
+      dated += 1;
+      await payOnce();
+      return "scheduled";
+    },
+    { journal, actionType: "create_payment", key: "ts:values:payload-date" },
+  );
+  assert.equal(await at(new Date(0)), "scheduled");
+  assert.equal(await at(new Date(0)), "scheduled");
+  await assert.rejects(at(new Date(1)), IdempotencyKeyReusedError);
+  assert.equal(dated, 1);
 });
