@@ -223,6 +223,33 @@ async fn journaled_mcp_tools_pay_once_when_the_client_retries(pool: PgPool) {
         assert_eq!(state(&app, key).await, is("succeeded", 1, None), "{key}");
         assert_eq!(app.counts(key).effects, 1, "{key}");
     }
+    // Refused keys (non-ASCII, control or invisible characters, over 128 characters, a
+    // journal key over 200 characters after scoping or derivation) reached neither the
+    // journal nor the provider; the one call whose scoped key is exactly 200 characters paid.
+    let scope = format!("tenant-{}", "t".repeat(70));
+    let refused = [
+        "mcp:create_payment:ключ-1".to_owned(),
+        "mcp:create_payment:clé".to_owned(),
+        format!("mcp:create_payment:{}", "k".repeat(129)),
+        format!("{scope}:{}", "k".repeat(128)),
+        format!("payment:{}", "d".repeat(200)),
+    ];
+    for key in &refused {
+        assert_eq!(app.rows_for(key).await, 0, "{key}");
+        assert_eq!(app.counts(key).requests, 0, "{key}");
+    }
+    let longest = format!("{scope}:{}", "f".repeat(200 - scope.len() - 1));
+    assert_eq!(longest.chars().count(), 200);
+    assert_eq!(state(&app, &longest).await, is("succeeded", 1, None));
+    assert_eq!(app.counts(&longest).effects, 1);
+    let strays: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM agent_operations WHERE operation_key LIKE 'mcp:create_payment:%'
+         AND operation_key !~ '^mcp:create_payment:[A-Za-z0-9._:-]{1,128}$'",
+    )
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    assert_eq!(strays, 0, "no row under a malformed client key");
 }
 
 /// `(status, attempt_count, requests, effects)` of each key: one row, one payment each.
