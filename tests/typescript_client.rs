@@ -146,6 +146,7 @@ async fn the_typescript_idempotent_wrapper_runs_each_intent_once(pool: PgPool) {
         "ts:idem:held",
         "ts:idem:settled",
         "ts:idem:hold-1",
+        "ts:idem:abandoned",
     ];
     for key in paid {
         assert_eq!(state(&app, key).await, is("succeeded", 1, None), "{key}");
@@ -176,6 +177,8 @@ async fn the_typescript_idempotent_wrapper_runs_each_intent_once(pool: PgPool) {
         ("ts:idem:classify-bad-rejection", "invalid_error_code"),
         ("ts:idem:classify-bad-unknown", "invalid_error_code"),
         ("ts:idem:classify-not-a-verdict", "invalid_error_code"),
+        // The caller aborted the provider call after the payment was taken.
+        ("ts:idem:cancelled", "exception"),
     ] {
         assert_eq!(state(&app, key).await, is("unknown", 1, Some(code)), "{key}");
         let counts = app.counts(key);

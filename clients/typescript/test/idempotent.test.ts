@@ -294,3 +294,60 @@ test("a classifier that throws or names a malformed code is an unknown outcome a
     assert.deepEqual(await sandbox.effects(key), { requests: 1, effects: 1, lookups: 0 }, name);
   }
 });
+
+test("a caller that cancels the provider call gets verification required; one that stops waiting leaves it to finish", async () => {
+  // The caller's signal combined with the lease's, as the README shows: the payment is
+  // taken, the answer never comes, the caller aborts.
+  const caller = new AbortController();
+  let calls = 0;
+  const pay = idempotent(
+    async (order: Order) => {
+      calls += 1;
+      const call = currentCall();
+      const response = await fetch(`${sandbox.baseUrl}/v1/payments`, {
+        method: "POST",
+        headers: {
+          "Idempotency-Key": call.providerKey,
+          "Content-Type": "application/json",
+          "X-Sandbox-Fault": "commit-then-timeout",
+        },
+        body: JSON.stringify(order),
+        signal: AbortSignal.any([call.signal, caller.signal]),
+      });
+      return response.json();
+    },
+    { journal, actionType: "create_payment", key: "ts:idem:cancelled" },
+  );
+  const order = { ...PAY_817, order_id: "idem-cancelled" };
+  setTimeout(() => caller.abort(), 300);
+  await assert.rejects(pay(order), (error: unknown) => {
+    assert.ok(error instanceof VerificationRequiredError, String(error));
+    assert.equal(error.errorCode, "exception");
+    assert.equal((error.cause as Error).name, "AbortError");
+    return true;
+  });
+  assert.equal((await pay.outcome(order)).kind, "verification_required");
+  assert.equal(calls, 1);
+
+  // A caller that only stops waiting does not stop the call: it finishes and is recorded.
+  let finished = false;
+  const slow = idempotent(
+    async (o: Order) => {
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      const payment = await sandbox.pay(currentCall().providerKey, o);
+      finished = true;
+      return payment;
+    },
+    { journal, actionType: "create_payment", key: "ts:idem:abandoned" },
+  );
+  const abandoned = { ...PAY_817, order_id: "idem-abandoned" };
+  const raced = await Promise.race([slow(abandoned), new Promise((resolve) => setTimeout(() => resolve("gave up"), 50))]);
+  assert.equal(raced, "gave up");
+  await waitFor("the abandoned call to be recorded", async () => {
+    const row = await journal.get("ts:idem:abandoned");
+    return row.status === v1.OperationStatus.SUCCEEDED ? true : undefined;
+  }, 10);
+  assert.ok(finished);
+  const replayed = await slow.outcome(abandoned);
+  assert.ok(replayed.kind === "succeeded" && replayed.replayed, replayed.kind);
+});
