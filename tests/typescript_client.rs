@@ -180,7 +180,11 @@ async fn the_typescript_idempotent_wrapper_runs_each_intent_once(pool: PgPool) {
         // The caller aborted the provider call after the payment was taken.
         ("ts:idem:cancelled", "exception"),
     ] {
-        assert_eq!(state(&app, key).await, is("unknown", 1, Some(code)), "{key}");
+        assert_eq!(
+            state(&app, key).await,
+            is("unknown", 1, Some(code)),
+            "{key}"
+        );
         let counts = app.counts(key);
         assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
     }
@@ -306,7 +310,11 @@ async fn the_typescript_wrappers_store_what_functions_return_as_values(pool: PgP
     .fetch_one(app.pool())
     .await
     .unwrap();
-    assert_eq!(stored.as_deref(), Some("\"sent\""), "stored as a JSON string");
+    assert_eq!(
+        stored.as_deref(),
+        Some("\"sent\""),
+        "stored as a JSON string"
+    );
 
     // The provider acted but the journal refused the success report (or the result was not
     // JSON): unknown at once, one effect, the function not called again.
@@ -314,10 +322,17 @@ async fn the_typescript_wrappers_store_what_functions_return_as_values(pool: PgP
         ("ts:values:refused-too-large", "result_refused"),
         ("ts:values:refused-bad-external-id", "result_refused"),
         ("ts:values:refused-long-external-id", "result_refused"),
-        ("ts:values:refused-not-serializable", "result_not_serializable"),
+        (
+            "ts:values:refused-not-serializable",
+            "result_not_serializable",
+        ),
         ("mcp:send:tool-too-large", "result_refused"),
     ] {
-        assert_eq!(state(&app, key).await, is("unknown", 1, Some(code)), "{key}");
+        assert_eq!(
+            state(&app, key).await,
+            is("unknown", 1, Some(code)),
+            "{key}"
+        );
         let counts = app.counts(key);
         assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
     }
@@ -349,5 +364,9 @@ async fn the_typescript_wrappers_store_what_functions_return_as_values(pool: PgP
         assert_eq!(app.counts(&key).requests, 0, "{key}");
     }
     // f(1) and f(1, undefined) are one intent; a Date is its ISO text.
-    paid_once(&app, &["ts:values:trailing-undefined", "ts:values:payload-date"]).await;
+    paid_once(
+        &app,
+        &["ts:values:trailing-undefined", "ts:values:payload-date"],
+    )
+    .await;
 }
