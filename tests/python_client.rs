@@ -216,7 +216,11 @@ async fn the_python_decorator_stores_values_and_never_loses_an_effect_it_cannot_
     ] {
         let key = format!("py:results:value-{label}");
         let done = row(&app, &key).await.unwrap();
-        assert_eq!((done.status.as_str(), done.attempt_count), ("succeeded", 1), "{key}");
+        assert_eq!(
+            (done.status.as_str(), done.attempt_count),
+            ("succeeded", 1),
+            "{key}"
+        );
         let result: Option<String> = sqlx::query_scalar(
             "SELECT result_json::text FROM agent_operations WHERE operation_key = $1",
         )
@@ -238,7 +242,11 @@ async fn the_python_decorator_stores_values_and_never_loses_an_effect_it_cannot_
     ] {
         let refused = row(&app, key).await.unwrap();
         assert_eq!(
-            (refused.status.as_str(), refused.attempt_count, refused.error_code.as_deref()),
+            (
+                refused.status.as_str(),
+                refused.attempt_count,
+                refused.error_code.as_deref()
+            ),
             ("unknown", 1, Some("result_refused")),
             "{key}"
         );
