@@ -47,9 +47,19 @@ async fn the_go_client_decodes_errors_keeps_deadlines_and_leases_and_protects_fu
             "TestClientRenewsTheLeaseDuringALongCall",
             "TestClientCancelsTheProviderCallWhenTheLeaseIsLost",
             "TestClientProtectsAFunction",
+            "TestClientAnswersARefusedSuccessReportWithVerificationRequired",
         ],
     )
     .await;
+
+    // A success whose report was refused: recorded unknown, one effect, one request.
+    let refused = row(&app, "go:refused:external-id").await.unwrap();
+    assert_eq!(
+        (refused.status.as_str(), refused.attempt_count),
+        ("unknown", 1)
+    );
+    let counts = app.counts("go:refused:external-id");
+    assert_eq!((counts.requests, counts.effects), (1, 1));
 
     // A reused key with another payload never reached the provider.
     let conflict = row(&app, "go:errors:conflict").await.unwrap();

@@ -197,3 +197,93 @@ async fn the_python_decorator_protects_one_intent_from_sync_asyncio_and_two_proc
     assert_eq!(outcome, succeeded(1, outcome.external_id.clone()));
     assert_eq!(app.counts("py:decorator:outcome").effects, 1);
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_decorator_stores_values_and_never_loses_an_effect_it_cannot_record(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    pytest(&app, &["tests/test_results.py"]).await;
+
+    // A returned string, a JSON-looking string, None, a number, a list, an object: one
+    // success each, and the stored result is the value as JSON (a string stays a string).
+    for (label, stored) in [
+        ("plain-str", Some(r#""msg_123""#)),
+        ("json-str", Some(r#""{\"a\": 1}""#)),
+        ("none", None),
+        ("number", Some("42")),
+        ("list", Some(r#"[1,"two",{"three":3}]"#)),
+    ] {
+        let key = format!("py:results:value-{label}");
+        let done = row(&app, &key).await.unwrap();
+        assert_eq!(
+            (done.status.as_str(), done.attempt_count),
+            ("succeeded", 1),
+            "{key}"
+        );
+        let result: Option<String> = sqlx::query_scalar(
+            "SELECT result_json::text FROM agent_operations WHERE operation_key = $1",
+        )
+        .bind(&key)
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
+        let parse = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+        assert_eq!(result.as_deref().map(parse), stored.map(parse), "{key}");
+        assert_eq!(app.counts(&key).effects, 1, "{key}");
+    }
+
+    // A success report the journal refused: unknown (result_refused), one provider call.
+    for key in [
+        "py:results:refused-external-id",
+        "py:results:too-large-sync",
+        "py:results:too-large-async",
+        "py:results:tool-too-large",
+    ] {
+        let refused = row(&app, key).await.unwrap();
+        assert_eq!(
+            (
+                refused.status.as_str(),
+                refused.attempt_count,
+                refused.error_code.as_deref()
+            ),
+            ("unknown", 1, Some("result_refused")),
+            "{key}"
+        );
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
+    // Refused decorations and keys registered nothing.
+    for key in ["py:results:gen", "py:results:agen", "py:results:method"] {
+        assert!(row(&app, key).await.is_none(), "{key}");
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_client_reports_a_lease_granted_to_a_cancelled_caller_unknown(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    pytest(&app, &["tests/test_cancel.py"]).await;
+
+    for key in ["py:cancel:async", "py:cancel:sync"] {
+        // Registered, reported unknown before any provider call, released by the lookup,
+        // then executed once.
+        let history = transitions(&app, key).await;
+        let history: Vec<(Option<&str>, &str)> = history
+            .iter()
+            .map(|(from, to)| (from.as_deref(), to.as_str()))
+            .collect();
+        assert_eq!(
+            history,
+            [
+                (None, "in_progress"),
+                (Some("in_progress"), "unknown"),
+                (Some("unknown"), "pending"),
+                (Some("pending"), "in_progress"),
+                (Some("in_progress"), "succeeded"),
+            ],
+            "{key}"
+        );
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
+}

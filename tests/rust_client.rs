@@ -621,3 +621,55 @@ async fn a_protected_function_can_key_its_intent_by_a_server_derived_key(pool: P
     assert_eq!(app.counts(&key).effects, 1);
     assert_eq!(app.rows_for(&key).await, 1);
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_success_whose_report_the_journal_refuses_is_verification_required_not_an_error(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    let client = client(&app);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let run = || {
+        let calls = calls.clone();
+        let url = app.sandbox_url.clone();
+        client.execute(payment(PAYMENT_KEY, 1000), move |call| async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            match charge(&url, &call, 1000, None).await {
+                // The provider charged, but the id it gave cannot be recorded (over 200
+                // characters): the journal refuses the report of the success.
+                ProviderOutcome::Succeeded { result, .. } => ProviderOutcome::Succeeded {
+                    external_id: Some("p".repeat(300)),
+                    result,
+                },
+                other => other,
+            }
+        })
+    };
+
+    let first = run().await.unwrap();
+    let Executed::VerificationRequired { operation } = first else {
+        panic!("expected verification required, got {first:?}");
+    };
+    assert_eq!(
+        operation.status(),
+        opjournal_client::proto::OperationStatus::Unknown
+    );
+    let reason: Option<String> = sqlx::query_scalar(
+        "SELECT reason FROM operation_events WHERE operation_key = $1 AND to_status = 'unknown'",
+    )
+    .bind(PAYMENT_KEY)
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    assert_eq!(reason.as_deref(), Some(opjournal_client::RESULT_REFUSED));
+
+    // The effect happened once, and the next call does not make another.
+    let second = run().await.unwrap();
+    assert!(
+        matches!(second, Executed::VerificationRequired { .. }),
+        "{second:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(app.counts(PAYMENT_KEY).effects, 1);
+    assert_eq!(app.counts(PAYMENT_KEY).requests, 1);
+}

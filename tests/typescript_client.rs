@@ -13,6 +13,7 @@ use common::client_suites::{
 };
 use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
+use opjournal::sandbox::SandboxConfig;
 use sqlx::PgPool;
 
 const SETUP: &str = "./scripts/test prepares it with scripts/client-envs typescript \
@@ -145,6 +146,7 @@ async fn the_typescript_idempotent_wrapper_runs_each_intent_once(pool: PgPool) {
         "ts:idem:held",
         "ts:idem:settled",
         "ts:idem:hold-1",
+        "ts:idem:abandoned",
     ];
     for key in paid {
         assert_eq!(state(&app, key).await, is("succeeded", 1, None), "{key}");
@@ -168,6 +170,24 @@ async fn the_typescript_idempotent_wrapper_runs_each_intent_once(pool: PgPool) {
         );
     }
     assert_eq!(app.counts("ts:idem:unexpected").requests, 0);
+    // A classifier hook that throws or names a malformed code: the payment the function
+    // made is recorded unknown at once, never as a rejection, never left in progress.
+    for (key, code) in [
+        ("ts:idem:classify-throws", "classifier_failed"),
+        ("ts:idem:classify-bad-rejection", "invalid_error_code"),
+        ("ts:idem:classify-bad-unknown", "invalid_error_code"),
+        ("ts:idem:classify-not-a-verdict", "invalid_error_code"),
+        // The caller aborted the provider call after the payment was taken.
+        ("ts:idem:cancelled", "exception"),
+    ] {
+        assert_eq!(
+            state(&app, key).await,
+            is("unknown", 1, Some(code)),
+            "{key}"
+        );
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
     assert_eq!(
         app.rows_for("ts:idem:hold-2").await,
         0,
@@ -210,4 +230,143 @@ async fn journaled_mcp_tools_pay_once_when_the_client_retries(pool: PgPool) {
         assert_eq!(state(&app, key).await, is("succeeded", 1, None), "{key}");
         assert_eq!(app.counts(key).effects, 1, "{key}");
     }
+    // Refused keys (non-ASCII, control or invisible characters, over 128 characters, a
+    // journal key over 200 characters after scoping or derivation) reached neither the
+    // journal nor the provider; the one call whose scoped key is exactly 200 characters paid.
+    let scope = format!("tenant-{}", "t".repeat(70));
+    let refused = [
+        "mcp:create_payment:ключ-1".to_owned(),
+        "mcp:create_payment:clé".to_owned(),
+        format!("mcp:create_payment:{}", "k".repeat(129)),
+        format!("{scope}:{}", "k".repeat(128)),
+        format!("payment:{}", "d".repeat(200)),
+    ];
+    for key in &refused {
+        assert_eq!(app.rows_for(key).await, 0, "{key}");
+        assert_eq!(app.counts(key).requests, 0, "{key}");
+    }
+    let longest = format!("{scope}:{}", "f".repeat(200 - scope.len() - 1));
+    assert_eq!(longest.chars().count(), 200);
+    assert_eq!(state(&app, &longest).await, is("succeeded", 1, None));
+    assert_eq!(app.counts(&longest).effects, 1);
+    let strays: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM agent_operations WHERE operation_key LIKE 'mcp:create_payment:%'
+         AND operation_key !~ '^mcp:create_payment:[A-Za-z0-9._:-]{1,128}$'",
+    )
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    assert_eq!(strays, 0, "no row under a malformed client key");
+}
+
+/// `(status, attempt_count, requests, effects)` of each key: one row, one payment each.
+async fn paid_once(app: &TestApp, keys: &[&str]) {
+    for key in keys {
+        assert_eq!(state(app, key).await, is("succeeded", 1, None), "{key}");
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
+}
+
+/// The test policy with `create_payment_small_result`, whose stored result may be at most
+/// 256 bytes (`result.max_bytes`).
+fn small_result_policy(sandbox_url: &str) -> String {
+    policy_yaml(sandbox_url, 60).replacen(
+        "actions:\n",
+        "actions:\n  create_payment_small_result:\n    result: { max_bytes: 256 }\n    \
+         reconcile: { adapter: sandbox_payments }\n",
+        1,
+    )
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_typescript_wrappers_store_what_functions_return_as_values(pool: PgPool) {
+    let app =
+        TestApp::spawn_with_policy(pool, SandboxConfig::default(), small_result_policy, None).await;
+    node_test(&app, "values.test.js").await;
+
+    // Strings (plain, JSON-looking), null, undefined, numbers, arrays and objects: each
+    // recorded as a success with one effect, never as an unknown outcome.
+    paid_once(
+        &app,
+        &[
+            "ts:values:plain-string",
+            "ts:values:json-looking-string",
+            "ts:values:number-looking-string",
+            "ts:values:null",
+            "ts:values:undefined",
+            "ts:values:number",
+            "ts:values:array",
+            "ts:values:object",
+            "mcp:send:tool-plain-string",
+            "mcp:send:tool-json-looking-string",
+            "mcp:send:tool-number",
+        ],
+    )
+    .await;
+    let stored: Option<String> = sqlx::query_scalar(
+        "SELECT result_json::text FROM agent_operations WHERE operation_key = 'ts:values:plain-string'",
+    )
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        stored.as_deref(),
+        Some("\"sent\""),
+        "stored as a JSON string"
+    );
+
+    // The provider acted but the journal refused the success report (or the result was not
+    // JSON): unknown at once, one effect, the function not called again.
+    for (key, code) in [
+        ("ts:values:refused-too-large", "result_refused"),
+        ("ts:values:refused-bad-external-id", "result_refused"),
+        ("ts:values:refused-long-external-id", "result_refused"),
+        (
+            "ts:values:refused-not-serializable",
+            "result_not_serializable",
+        ),
+        ("mcp:send:tool-too-large", "result_refused"),
+    ] {
+        assert_eq!(
+            state(&app, key).await,
+            is("unknown", 1, Some(code)),
+            "{key}"
+        );
+        let counts = app.counts(key);
+        assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
+    }
+
+    // A payload JSON would write lossily (a Map, a Set, a BigInt, undefined in an array…)
+    // was refused before Begin: no row, no provider call.
+    for name in [
+        "map",
+        "set",
+        "function",
+        "symbol",
+        "bigint",
+        "nan",
+        "infinity",
+        "class-instance",
+        "class-instance-with-field",
+        "undefined-in-array",
+        "hole-in-array",
+        "undefined-between-arguments",
+        "nested-map",
+        "symbol-key",
+        "circular",
+        "function-map",
+        "begin-map",
+        "two-maps",
+    ] {
+        let key = format!("ts:values:payload-{name}");
+        assert_eq!(app.rows_for(&key).await, 0, "{key}");
+        assert_eq!(app.counts(&key).requests, 0, "{key}");
+    }
+    // f(1) and f(1, undefined) are one intent; a Date is its ISO text.
+    paid_once(
+        &app,
+        &["ts:values:trailing-undefined", "ts:values:payload-date"],
+    )
+    .await;
 }

@@ -329,3 +329,30 @@ func TestAuthTheTokenReachesItsNamespaceAndNoOther(t *testing.T) {
 		t.Fatalf("tenant-b: %v", err)
 	}
 }
+
+func TestClientAnswersARefusedSuccessReportWithVerificationRequired(t *testing.T) {
+	l := liveEnv(t)
+	c := l.dial(t, opjournal.Options{})
+	ctx := context.Background()
+	intent := opjournal.Intent{Key: "go:refused:external-id", ActionType: "create_payment", Payload: pay817}
+	calls := 0
+	// The provider charges, but its id is over the journal's 200 characters: the report of
+	// the success is refused, and the effect must not read as "nothing happened".
+	call := func(ctx context.Context, call opjournal.ProviderCall) (opjournal.ProviderResult, error) {
+		calls++
+		result, err := l.provider()(ctx, call)
+		result.ExternalID = strings.Repeat("p", 300)
+		return result, err
+	}
+	out, err := opjournal.Execute(ctx, c, intent, call)
+	if err != nil || out.Kind != opjournal.VerificationRequired || !out.Reported || out.ErrorCode != opjournal.ResultRefused {
+		t.Fatalf("execute: %+v, %v", out, err)
+	}
+	if !errors.Is(out.Cause, opjournal.ErrInvalidArgument) {
+		t.Fatalf("cause: %v", out.Cause)
+	}
+	again, err := opjournal.Execute(ctx, c, intent, call)
+	if err != nil || again.Kind != opjournal.VerificationRequired || again.Reported || calls != 1 {
+		t.Fatalf("again: %+v, %v, calls %d", again, err, calls)
+	}
+}

@@ -142,6 +142,10 @@ func DefaultUnknownCode(err error) string {
 	return "exception"
 }
 
+// ResultRefused is the error code recorded when the journal refused the report of a
+// success: the effect happened, so the outcome is VerificationRequired, not an error.
+const ResultRefused = "result_refused"
+
 // OutcomeKind names what Execute came to.
 type OutcomeKind string
 
@@ -264,8 +268,8 @@ func WithUnknownCode(f func(error) string) ExecuteOption {
 // Errors (no Outcome): ErrIdempotencyKeyReused (the key is bound to another payload; call
 // did not run); ErrLeaseLost (another holder took the lease over before the report; call's
 // context was cancelled if that was seen during the call); ErrInvalidArgument (a malformed
-// intent; or the journal refused the report of a success, which is then reported unknown
-// so that reconciliation settles it); ErrJournalUnavailable (calling Execute again with the
+// intent; a success whose report the journal refuses is instead reported unknown with
+// ResultRefused and answered VerificationRequired); ErrJournalUnavailable (calling Execute again with the
 // same key is safe: an unreported lease ends as unknown); the context's error.
 //
 // A panic in call is reported as unknown ("panic") and then re-raised.
@@ -375,13 +379,19 @@ func (c *Client) run(ctx context.Context, begin *pb.BeginOperationResponse, call
 		return c.Complete(rctx, token, result.ExternalID, resultJSON)
 	})
 	if err != nil {
-		if errors.Is(err, ErrInvalidArgument) {
-			// The effect happened but this report is refused: leave it to reconciliation.
-			_, _ = c.report(func(rctx context.Context) (*pb.Operation, error) {
-				return c.ReportUnknown(rctx, token, "report_refused")
-			})
+		if !errors.Is(err, ErrInvalidArgument) {
+			return Outcome{}, err
 		}
-		return Outcome{}, err
+		// The effect happened but the journal refused this report of it (a result over the
+		// action's limit, a malformed external id): it must be verified, never taken for
+		// "nothing happened". Recorded unknown; reconciliation settles it.
+		op, reportErr := c.report(func(rctx context.Context) (*pb.Operation, error) {
+			return c.ReportUnknown(rctx, token, ResultRefused)
+		})
+		if reportErr != nil {
+			return Outcome{}, reportErr
+		}
+		return Outcome{Kind: VerificationRequired, Key: op.GetOperationKey(), Reported: true, ErrorCode: ResultRefused, Operation: op, Cause: err}, nil
 	}
 	out := succeeded(op, false)
 	out.ProviderResult = &result

@@ -1,6 +1,6 @@
-"""A smoke test of an installed opjournal-client wheel against a running server.
+"""A smoke test of an installed opjournal-client (wheel or sdist) against a running server.
 
-Run by ``scripts/smoke-install`` in a fresh virtual environment that has only the wheel and
+Run by ``scripts/smoke-install`` in a fresh virtual environment that has only the package and
 its dependencies. ``OPJOURNAL_SMOKE_SERVER`` is the server's ``host:port`` (plaintext);
 ``OPJOURNAL_SMOKE_ACTION`` the action type to use (default ``create_payment``, whose keys in
 ``config/policy.example.yaml`` look like ``payment:order-N:intent-N``). No provider is

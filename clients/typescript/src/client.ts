@@ -13,6 +13,7 @@ import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-no
 import type { SecureClientSessionOptions } from "node:http2";
 
 import { decodeError, isLostAnswer } from "./errors.js";
+import { jsonText, JsonValue } from "./json.js";
 import { execute, type ExecuteOptions, type Outcome, type ProviderCall, type ProviderResult } from "./execute.js";
 import {
   OperationJournal,
@@ -66,8 +67,9 @@ export interface BeginRequest {
   /** The action as named in the server's policy, e.g. `"create_payment"`. */
   actionType: string;
   /**
-   * The provider request's parameters: a JSON object as text, or a value to
-   * `JSON.stringify`. Only its SHA-256 (RFC 8785 canonical form) is stored.
+   * The provider request's parameters: a JSON object as text, or a plain object (written by
+   * {@link toJsonText}; a `Map`, a class instance, a `BigInt`… throw a `TypeError` before
+   * anything is sent). Only its SHA-256 (RFC 8785 canonical form) is stored.
    */
   payload: unknown;
   /** The tenant namespace; empty or absent means `default`. */
@@ -80,16 +82,32 @@ export interface BeginRequest {
   confirmDuplicateIntent?: boolean;
 }
 
-/** `value` as JSON text: a string is taken as JSON text already. */
+/**
+ * `value` as JSON text: a string is taken as JSON text already; a {@link JsonValue} is
+ * written as its value (a string in it becomes a JSON string); anything else with
+ * {@link jsonText}, which refuses what `JSON.stringify` would change silently.
+ *
+ * @throws {TypeError} the value cannot be written as JSON without loss: a `Map`, a `Set`,
+ *   a class instance without `toJSON`, a function, a symbol, a `BigInt`, `NaN`, `undefined`
+ *   in an array (see {@link jsonText}). For a payload this is thrown before anything is
+ *   sent, so two different intents never hash the same.
+ */
 export function toJsonText(value: unknown): string {
+  if (value instanceof JsonValue) {
+    return jsonText(value.value);
+  }
   if (typeof value === "string") {
     return value;
   }
-  const text = JSON.stringify(value);
-  if (text === undefined) {
-    throw new TypeError("the value cannot be serialized as JSON");
+  return jsonText(value);
+}
+
+/** The `result_json` of a report: `""` (no result body) for undefined or a {@link JsonValue} of undefined. */
+function resultText(result: unknown): string {
+  if (result === undefined || (result instanceof JsonValue && result.value === undefined)) {
+    return "";
   }
-  return text;
+  return toJsonText(result);
 }
 
 /** Runs one call, rejecting with the decoded {@link OpjournalError}. */
@@ -182,8 +200,9 @@ export class JournalClient {
 
   /**
    * CompleteOperation: records a confirmed success; resolves to the SUCCEEDED record.
-   * `result` (JSON text or a value; absent for no result body) is sanitized by the
-   * server's policy before it is stored and replayed.
+   * `result` (JSON text, a value, or a {@link JsonValue} to write a string as a JSON string;
+   * absent for no result body) is sanitized by the server's policy before it is stored and
+   * replayed.
    *
    * A call whose answer was lost is repeated with the same token and outcome for up to
    * {@link reportRetryMs} (see {@link ClientOptions.reportRetryMs}).
@@ -200,7 +219,7 @@ export class JournalClient {
     const request = {
       leaseToken,
       externalId: outcome.externalId ?? "",
-      resultJson: outcome.result === undefined ? "" : toJsonText(outcome.result),
+      resultJson: resultText(outcome.result),
     };
     const response = await this.report(() => this.journal.completeOperation(request, this.callOptions()));
     return required(response.operation);

@@ -8,6 +8,7 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 
 import {
+  INVALID_ERROR_CODE,
   ProviderRejected,
   unknownOutcomeCode,
   type ExecuteOptions,
@@ -53,12 +54,21 @@ export function withCurrentCall<T>(call: CurrentCall, fn: () => Promise<T>): Pro
 /**
  * The `isConfirmedRejection` and `unknownErrorCode` of execute for a classifier hook:
  * where the hook answers undefined, the safe default holds (a {@link ProviderRejected} is a
- * confirmed rejection; anything else is unknown, coded by {@link unknownOutcomeCode}).
+ * confirmed rejection; anything else is unknown, coded by {@link unknownOutcomeCode}). The
+ * hook runs once per error. An answer that is neither `{ rejected: string }` nor
+ * `{ unknown: string }` is an unknown outcome ({@link INVALID_ERROR_CODE}); a hook that
+ * throws, or a malformed code, is an unknown outcome too (see `execute`).
  */
 export function classifierOptions(
   classify: ((error: unknown) => Classification | undefined) | undefined,
 ): Pick<ExecuteOptions, "isConfirmedRejection" | "unknownErrorCode"> {
-  const decide = classify ?? (() => undefined);
+  let last: { error: unknown; decided: Classification | undefined } | undefined;
+  const decide = (error: unknown): Classification | undefined => {
+    if (last === undefined || last.error !== error) {
+      last = { error, decided: checked(classify?.(error)) };
+    }
+    return last.decided;
+  };
   return {
     isConfirmedRejection: (error) => {
       const decided = decide(error);
@@ -72,4 +82,21 @@ export function classifierOptions(
       return decided !== undefined && "unknown" in decided ? decided.unknown : unknownOutcomeCode(error);
     },
   };
+}
+
+/** A hook's answer as a {@link Classification}: anything malformed is `invalid_error_code`. */
+function checked(decided: unknown): Classification | undefined {
+  if (decided === undefined) {
+    return undefined;
+  }
+  if (typeof decided === "object" && decided !== null) {
+    const { rejected, unknown } = decided as { rejected?: unknown; unknown?: unknown };
+    if (typeof rejected === "string" && unknown === undefined) {
+      return { rejected };
+    }
+    if (typeof unknown === "string" && rejected === undefined) {
+      return { unknown };
+    }
+  }
+  return { unknown: INVALID_ERROR_CODE };
 }

@@ -25,6 +25,7 @@
 
 import type { JournalClient, BeginRequest } from "./client.js";
 import { InvalidArgumentError, LeaseLostError } from "./errors.js";
+import { JsonValue } from "./json.js";
 import {
   Decision,
   OperationStatus,
@@ -40,6 +41,32 @@ function checkedCode(errorCode: string): string {
   }
   return errorCode;
 }
+
+/**
+ * The error code of the unknown outcome reported when the provider call succeeded but the
+ * journal refused its success report (`INVALID_ARGUMENT`: `RESULT_TOO_LARGE`,
+ * `INVALID_RESULT`, `INVALID_EXTERNAL_ID`): the effect happened and is left to reconciliation.
+ */
+export const RESULT_REFUSED = "result_refused";
+
+/**
+ * The error code of the unknown outcome reported when the provider call succeeded but its
+ * result cannot be written as JSON (a `TypeError` of {@link JsonValue} or `JSON.stringify`).
+ */
+export const RESULT_NOT_SERIALIZABLE = "result_not_serializable";
+
+/**
+ * The error code of the unknown outcome reported when a classifier hook
+ * (`isConfirmedRejection`, `unknownErrorCode`, or `idempotent`'s `classify`) threw: an
+ * unproven rejection is no rejection.
+ */
+export const CLASSIFIER_FAILED = "classifier_failed";
+
+/**
+ * The error code of the unknown outcome reported when a classifier hook answered an error
+ * code that is not 1-100 characters of `[A-Za-z0-9._:-]`, or something else than a verdict.
+ */
+export const INVALID_ERROR_CODE = "invalid_error_code";
 
 /**
  * Throw from the provider call when the provider *proved* that no effect happened and none
@@ -91,9 +118,10 @@ export interface ProviderResult {
   /** The provider's id of the effect (payment id, message id); up to 200 characters. */
   externalId?: string;
   /**
-   * The provider's answer to keep and replay: JSON text or a value for `JSON.stringify`;
-   * absent for no result body. The journal keeps only what the action's policy allows
-   * (`result.keep`) and never card numbers, tokens or secrets.
+   * The provider's answer to keep and replay: JSON text, a value for `JSON.stringify`, or a
+   * {@link JsonValue} (a value, a string in it written as a JSON string: what `idempotent`
+   * and the MCP tools pass); absent for no result body. The journal keeps only what the
+   * action's policy allows (`result.keep`) and never card numbers, tokens or secrets.
    */
   result?: unknown;
 }
@@ -108,7 +136,10 @@ export interface Succeeded {
   readonly result: unknown;
   /** True when the provider was not called now (the stored outcome was replayed). */
   readonly replayed: boolean;
-  /** What the provider call returned this time; undefined on a replay. */
+  /**
+   * What the provider call returned as its `result` this time (a {@link JsonValue}'s value
+   * unwrapped); undefined on a replay.
+   */
   readonly providerResult?: unknown;
 }
 
@@ -132,7 +163,15 @@ export interface VerificationRequired {
   readonly operation: Operation;
   /** True when this call reported the unknown outcome; false when Begin found it unknown. */
   readonly reported: boolean;
+  /**
+   * The code this call reported (`timeout`, `exception`, {@link RESULT_REFUSED}, …);
+   * undefined when Begin found the operation unknown.
+   */
   readonly errorCode?: string;
+  /**
+   * What made the outcome unknown: the provider call's error, or the journal's refusal of
+   * its success report (an {@link InvalidArgumentError}) after the provider acted.
+   */
   readonly cause?: unknown;
 }
 
@@ -169,10 +208,16 @@ export interface ExecuteOptions {
   renewLease?: boolean;
   /**
    * Maps an error thrown by `call` to the error code of a confirmed rejection, or
-   * undefined when it proves nothing. Default: {@link confirmedRejectionCode}.
+   * undefined when it proves nothing. Default: {@link confirmedRejectionCode}. When it
+   * throws, or answers a code that is not 1-100 characters of `[A-Za-z0-9._:-]`, the
+   * outcome is reported unknown at once ({@link CLASSIFIER_FAILED}, {@link INVALID_ERROR_CODE}).
    */
   isConfirmedRejection?: (error: unknown) => string | undefined;
-  /** Maps any other error to a short code for the journal. Default: {@link unknownOutcomeCode}. */
+  /**
+   * Maps any other error to a short code for the journal. Default: {@link unknownOutcomeCode}.
+   * When it throws or answers a malformed code, the outcome is still reported unknown, with
+   * {@link CLASSIFIER_FAILED} or {@link INVALID_ERROR_CODE}.
+   */
   unknownErrorCode?: (error: unknown) => string;
   /**
    * Milliseconds to wait while another holder's lease is live (`DECISION_IN_PROGRESS`):
@@ -335,9 +380,11 @@ function replay(operation: Operation): Outcome {
  * @returns the {@link Outcome}; switch on `kind`.
  * @throws {IdempotencyKeyReusedError} the key is bound to another payload; the provider was not called.
  * @throws {LeaseLostError} another holder took the lease over before this call's report.
- * @throws {InvalidArgumentError} a malformed request. When the journal refuses the report of
- *   a call that succeeded (e.g. `RESULT_TOO_LARGE`), the outcome is first reported unknown
- *   so that reconciliation settles it.
+ * @throws {InvalidArgumentError} a malformed request (nothing was called). When the journal
+ *   refuses the success report of a call that ran (`RESULT_TOO_LARGE`, `INVALID_RESULT`,
+ *   `INVALID_EXTERNAL_ID`), or its result cannot be written as JSON, nothing is thrown: the
+ *   outcome is reported unknown ({@link RESULT_REFUSED}, {@link RESULT_NOT_SERIALIZABLE})
+ *   and `verification_required` is returned with that error as its `cause`.
  * @throws {JournalUnavailableError} the journal could not be reached; calling `execute`
  *   again with the same key is safe (an unreported lease ends as unknown).
  */
@@ -379,12 +426,12 @@ export async function execute(
     returned = await call({ providerKey: held.providerKey, operation: held, signal: renewal.signal });
   } catch (error) {
     await renewal.stop();
-    const rejection = (options.isConfirmedRejection ?? confirmedRejectionCode)(error);
-    if (rejection !== undefined) {
-      const failed = await client.fail(token, rejection);
-      return { kind: "failed_final", operation: failed, errorCode: rejection, replayed: false, cause: error };
+    const decided = verdict(error, options);
+    if ("rejected" in decided) {
+      const failed = await client.fail(token, decided.rejected);
+      return { kind: "failed_final", operation: failed, errorCode: decided.rejected, replayed: false, cause: error };
     }
-    const code = (options.unknownErrorCode ?? unknownOutcomeCode)(error);
+    const code = decided.unknown;
     const unknown = await client.reportUnknown(token, code);
     return { kind: "verification_required", operation: unknown, reported: true, errorCode: code, cause: error };
   }
@@ -399,12 +446,43 @@ export async function execute(
     done = await client.complete(token, { externalId: returned.externalId ?? "", result: returned.result });
   } catch (error) {
     if (error instanceof TypeError || error instanceof InvalidArgumentError) {
-      // The effect happened but this report cannot be recorded: leave it to reconciliation.
-      await client.reportUnknown(token, error instanceof TypeError ? "result_not_serializable" : "report_refused");
+      // The effect happened but this report cannot be recorded: it is reported unknown, so
+      // that reconciliation (or a reviewer) settles it, and the provider is not called again.
+      const code = error instanceof TypeError ? RESULT_NOT_SERIALIZABLE : RESULT_REFUSED;
+      const unknown = await client.reportUnknown(token, code);
+      return { kind: "verification_required", operation: unknown, reported: true, errorCode: code, cause: error };
     }
     throw error;
   }
-  return succeeded(done, false, returned.result);
+  const result = returned.result instanceof JsonValue ? returned.result.value : returned.result;
+  return succeeded(done, false, result);
+}
+
+/**
+ * What the hooks of `options` decide for `error`, safe in every corner: a hook that throws
+ * is an unknown outcome ({@link CLASSIFIER_FAILED}), a code that is not 1-100 characters
+ * of `[A-Za-z0-9._:-]` too ({@link INVALID_ERROR_CODE}). Either is reported at once, so the
+ * operation never waits for its lease to expire.
+ */
+function verdict(error: unknown, options: ExecuteOptions): { rejected: string } | { unknown: string } {
+  let rejection: unknown;
+  try {
+    rejection = (options.isConfirmedRejection ?? confirmedRejectionCode)(error);
+  } catch {
+    return { unknown: CLASSIFIER_FAILED };
+  }
+  if (rejection !== undefined) {
+    return typeof rejection === "string" && ERROR_CODE.test(rejection)
+      ? { rejected: rejection }
+      : { unknown: INVALID_ERROR_CODE };
+  }
+  let code: unknown;
+  try {
+    code = (options.unknownErrorCode ?? unknownOutcomeCode)(error);
+  } catch {
+    return { unknown: CLASSIFIER_FAILED };
+  }
+  return typeof code === "string" && ERROR_CODE.test(code) ? { unknown: code } : { unknown: INVALID_ERROR_CODE };
 }
 
 /** Begin's `retry_after` in milliseconds (0 when absent). */

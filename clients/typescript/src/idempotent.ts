@@ -21,7 +21,7 @@
  * @module
  */
 
-import type { JournalClient } from "./client.js";
+import { toJsonText, type JournalClient } from "./client.js";
 import type { IdempotencyKeyReusedError, JournalUnavailableError, LeaseLostError, OpjournalError } from "./errors.js";
 import { classifierOptions, currentCall, type Classification, type CurrentCall, withCurrentCall } from "./current.js";
 import {
@@ -36,6 +36,7 @@ import {
   type VerificationRequired,
 } from "./execute.js";
 import { OperationStatus, type Operation } from "./gen/opjournal/v1/journal_pb.js";
+import { JsonValue } from "./json.js";
 
 export { currentCall, type Classification, type CurrentCall };
 
@@ -53,8 +54,15 @@ export interface IdempotentOptions<A extends unknown[], R> {
   key: string | ((...args: A) => string);
   /**
    * What is hashed as the request's payload (a same key with another payload is
-   * `IDEMPOTENCY_KEY_REUSED`): default `{ args: [...arguments] }`; give a function to
-   * select the members that define the intent (leave out, say, a trace id).
+   * `IDEMPOTENCY_KEY_REUSED`): default `{ args: [...arguments] }` without trailing
+   * `undefined` arguments (`f(1)` and `f(1, undefined)` are one intent). JavaScript has no
+   * parameter names to bind, so defaults are not applied: `f(1)` and `f(1, 5)` differ even
+   * when 5 is the second parameter's default. Give a function to select the members that
+   * define the intent (leave out, say, a trace id) — recommended for anything but plain
+   * arguments. The payload must be plain data (see `jsonText`; a `Date` counts as its
+   * ISO text): a `Map`, a `Set`, a class instance without `toJSON`, a function, a symbol, a
+   * `BigInt`, `NaN` or `undefined` inside an array throws a `TypeError` before Begin, since
+   * JSON would write two different intents the same. A string is taken as JSON text.
    */
   payload?: (...args: A) => unknown;
   /** The tenant namespace; absent means `default`. */
@@ -66,8 +74,12 @@ export interface IdempotentOptions<A extends unknown[], R> {
   /** The provider's id of the effect, taken from the function's result (e.g. `(r) => r.id`). */
   externalId?: (result: R) => string | undefined;
   /**
-   * What the journal stores and replays, from the function's result (JSON-serializable);
-   * default the result itself.
+   * What the journal stores and replays, from the function's result; default the result
+   * itself. It is a value, never JSON text: a string is stored as a JSON string, and a
+   * replay gives back an equal value (as far as the action's policy keeps it); undefined
+   * stores no result. Only plain data is accepted (see `jsonText`): a `Map`, a class
+   * instance without `toJSON`, `NaN`… cannot be stored, so the call's outcome is recorded
+   * unknown (`result_not_serializable`) although the function ran.
    */
   toResult?: (result: R) => unknown;
   /** Proceed after `DECISION_DUPLICATE_INTENT_SUSPECTED`: this really is a new intent. */
@@ -82,7 +94,9 @@ export interface IdempotentOptions<A extends unknown[], R> {
    * {@link ProviderRejected} is a confirmed rejection, a {@link ProviderOutcomeUnknown}
    * an unknown outcome with its code, and anything else an unknown outcome (`timeout`,
    * `connection_reset`, `connection_error` or `exception`). Say `rejected` only when the
-   * provider proved that nothing happened.
+   * provider proved that nothing happened. Codes are 1-100 characters of `[A-Za-z0-9._:-]`;
+   * a hook that throws is an unknown outcome `classifier_failed`, and a malformed code or
+   * answer an unknown outcome `invalid_error_code`, reported at once.
    */
   classify?: (error: unknown) => Classification | undefined;
   /** Wait for another holder's lease up to this long (see `ExecuteOptions.inProgressWaitMs`). */
@@ -150,7 +164,7 @@ export function idempotent<A extends unknown[], R>(
       {
         operationKey,
         actionType: options.actionType,
-        payload: options.payload ? options.payload(...args) : { args },
+        payload: payloadText(options.payload ? options.payload(...args) : { args: withoutTrailingUndefined(args) }),
         namespace: options.namespace,
         leaseSeconds: options.leaseSeconds,
         references,
@@ -162,7 +176,7 @@ export function idempotent<A extends unknown[], R>(
           returned = { value };
           return {
             externalId: options.externalId?.(value),
-            result: options.toResult ? options.toResult(value) : value,
+            result: new JsonValue(options.toResult ? options.toResult(value) : value),
           };
         }),
       {
@@ -184,6 +198,33 @@ export function idempotent<A extends unknown[], R>(
     return done.replayed || returned === undefined ? (done.result as R) : returned.value;
   };
   return Object.assign(wrapped, { outcome });
+}
+
+/** `args` without its trailing `undefined` members: `f(1)` and `f(1, undefined)` are one call. */
+function withoutTrailingUndefined(args: readonly unknown[]): unknown[] {
+  let end = args.length;
+  while (end > 0 && args[end - 1] === undefined) {
+    end -= 1;
+  }
+  return args.slice(0, end);
+}
+
+/**
+ * The payload as JSON text (a string as JSON text already), before anything is sent.
+ *
+ * @throws {TypeError} it holds a value JSON cannot represent without loss.
+ */
+function payloadText(payload: unknown): string {
+  try {
+    return toJsonText(payload);
+  } catch (error) {
+    const reason = error instanceof Error ? error.message : "it is not JSON";
+    throw new TypeError(
+      `the payload cannot be hashed: ${reason}. The default payload is the function's ` +
+        "arguments; give idempotent() a `payload` function that selects plain data",
+      { cause: error },
+    );
+  }
 }
 
 /**

@@ -19,5 +19,6 @@ export * from "./client.js";
 export * from "./errors.js";
 export * from "./execute.js";
 export * from "./idempotent.js";
+export * from "./json.js";
 export * as v1 from "./gen/opjournal/v1/journal_pb.js";
 export * as providerAdapterV1 from "./gen/opjournal/v1/provider_adapter_pb.js";

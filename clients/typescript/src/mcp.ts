@@ -50,6 +50,7 @@ import {
   LeaseLostError,
 } from "./errors.js";
 import { execute, type Outcome } from "./execute.js";
+import { JsonValue } from "./json.js";
 import {
   classifierOptions,
   currentCall,
@@ -160,9 +161,10 @@ export const TOOL_ERROR_TEXT = {
     "arguments; tell the user the {subject} could not be started.",
   /**
    * The client's key is malformed (not 1-128 characters of `[A-Za-z0-9._:-]`), the call
-   * carries two different keys, or the journal refused the key
-   * (`KEY_CONTAINS_SENSITIVE_DATA`, `KEY_PATTERN_MISMATCH`, `INVALID_OPERATION_KEY`);
-   * nothing was written.
+   * carries two different keys, the journal's key (after `clientKey`, or from `deriveKey`)
+   * is empty or over 200 characters, or the journal refused the key
+   * (`KEY_CONTAINS_SENSITIVE_DATA`, `KEY_PATTERN_MISMATCH`, `INVALID_OPERATION_KEY`,
+   * `INVALID_FIELD_LENGTH` on `operation_key`); nothing was written or called.
    */
   invalid_key:
     "invalid idempotency key: the application's key for this call is malformed or not " +
@@ -240,12 +242,38 @@ export function retryAfterSeconds(retryAfterMs: number): number {
 /** A client's idempotency key: 1-128 characters of `[A-Za-z0-9._:-]`. */
 export const CLIENT_KEY_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
 
+/**
+ * The journal's longest operation key, in characters (Unicode code points): a longer key
+ * (after `clientKey`, or from `deriveKey`) is `invalid_key` before anything is sent.
+ */
+export const MAX_OPERATION_KEY_CHARS = 200;
+
+/** Whether the journal can take `key` as an operation key by its length (1-200 characters). */
+function fitsJournal(key: unknown): key is string {
+  if (typeof key !== "string" || key === "") {
+    return false;
+  }
+  let chars = 0;
+  for (const _ of key) {
+    chars += 1;
+  }
+  return chars <= MAX_OPERATION_KEY_CHARS;
+}
+
 /** The journal's reasons for refusing a key (nothing is written); answered `invalid_key`. */
 const KEY_REFUSED_REASONS: ReadonlySet<string> = new Set([
   "KEY_CONTAINS_SENSITIVE_DATA",
   "KEY_PATTERN_MISMATCH",
   "INVALID_OPERATION_KEY",
 ]);
+
+/** Whether the journal refused the operation key (nothing was written). */
+function isKeyRefusal(error: InvalidArgumentError): boolean {
+  return (
+    KEY_REFUSED_REASONS.has(error.reason) ||
+    (error.reason === "INVALID_FIELD_LENGTH" && error.fieldViolations.some((v) => v.field === "operation_key"))
+  );
+}
 
 /**
  * How a journaled tool runs; `Args` are the tool's validated arguments, `R` the provider
@@ -268,13 +296,14 @@ export interface JournaledToolOptions<Args, R> {
    * `[A-Za-z0-9._:-]`, else `invalid_key`) into the journal's key; default
    * `` (key) => `mcp:${tool}:${key}` ``. Scope it further with what the server knows of the
    * caller (the authenticated user in `extra.authInfo`), so that two users' keys never
-   * meet. `false`: ignore keys sent by clients.
+   * meet; the key it makes must be 1-200 characters ({@link MAX_OPERATION_KEY_CHARS}), else
+   * the call is `invalid_key` and nothing is sent. `false`: ignore keys sent by clients.
    */
   clientKey?: false | ((idempotencyKey: string, extra: ToolExtra) => string);
   /**
    * The key the server's code derives when the client sent none (e.g. from an order id in
    * the arguments, or a run id the server holds); undefined: the call is refused with the
-   * `key_required` tool error.
+   * `key_required` tool error; over 200 characters: `invalid_key`.
    */
   deriveKey?: (args: Args, extra: ToolExtra) => string | undefined;
   /** What is hashed as the payload: default the arguments. */
@@ -293,8 +322,9 @@ export interface JournaledToolOptions<Args, R> {
   /** Wait for an unknown outcome to be settled up to this long; default 0. */
   settleWaitMs?: number;
   /**
-   * The tool result of a success, from the stored (sanitized) result; default: the result
-   * as JSON text, and as `structuredContent` when it is an object.
+   * The tool result of a success, from the stored (sanitized) result; default: a string
+   * result as its text, any other as JSON text, and as `structuredContent` when it is an
+   * object.
    */
   toResult?: (result: unknown, outcome: Outcome & { kind: "succeeded" }) => CallToolResult;
 }
@@ -312,7 +342,10 @@ export interface JournaledToolConfig<Shape extends ZodRawShapeCompat> {
 /**
  * Registers `name` on `server` as a tool whose `handler` — the provider call — runs at most
  * once per idempotency key. Inside the handler {@link currentCall} gives the provider key
- * (send it to the provider as its idempotency key) and the lease's signal.
+ * (send it to the provider as its idempotency key) and the lease's signal. What the handler
+ * resolves to is a value, never JSON text (a string is stored as a JSON string and comes
+ * back as the same string); it must be plain data (see `jsonText`), or the call is
+ * recorded unknown (`result_not_serializable`) and answered `verification_required`.
  *
  * The handler is not cut short when the MCP client cancels the request or its request
  * timeout fires: the call is finished and recorded, so that the client's retry with the
@@ -364,18 +397,19 @@ function keyOf<Args, R>(
       if (typeof key !== "string" || !CLIENT_KEY_PATTERN.test(key)) {
         return { error: toolError("invalid_key", subject) };
       }
-      return { key: clientKey(key, extra) };
+      const scoped = clientKey(key, extra);
+      return fitsJournal(scoped) ? { key: scoped } : { error: toolError("invalid_key", subject) };
     }
   }
   const derived = options.deriveKey?.(args, extra);
   if (derived !== undefined && derived !== "") {
-    return { key: derived };
+    return fitsJournal(derived) ? { key: derived } : { error: toolError("invalid_key", subject) };
   }
   return { error: toolError("key_required", subject) };
 }
 
 function successResult(result: unknown): CallToolResult {
-  const text = result === undefined ? "done" : JSON.stringify(result);
+  const text = result === undefined ? "done" : typeof result === "string" ? result : JSON.stringify(result);
   const structured =
     typeof result === "object" && result !== null && !Array.isArray(result)
       ? { structuredContent: result as Record<string, unknown> }
@@ -408,7 +442,7 @@ async function runJournaled<Args, R>(
       (call) =>
         withCurrentCall({ ...call, operationKey: chosen.key }, async () => {
           const result = await handler(args, extra);
-          return { externalId: options.externalId?.(result), result };
+          return { externalId: options.externalId?.(result), result: new JsonValue(result) };
         }),
       {
         inProgressWaitMs: options.inProgressWaitMs,
@@ -427,7 +461,7 @@ async function runJournaled<Args, R>(
     if (error instanceof LeaseLostError) {
       return toolError("lease_lost", subject);
     }
-    if (error instanceof InvalidArgumentError && KEY_REFUSED_REASONS.has(error.reason)) {
+    if (error instanceof InvalidArgumentError && isKeyRefusal(error)) {
       return toolError("invalid_key", subject);
     }
     // Any other error is not a tool outcome (a malformed request, a refused token, a bug).

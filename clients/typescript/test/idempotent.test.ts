@@ -10,6 +10,7 @@ import assert from "node:assert/strict";
 import { after, test } from "node:test";
 
 import {
+  type Classification,
   currentCall,
   DuplicateIntentSuspectedError,
   FailedFinalError,
@@ -253,4 +254,100 @@ test("a lease that ends during the call aborts currentCall().signal with LeaseLo
     return true;
   });
   assert.ok(aborted instanceof LeaseLostError);
+});
+
+test("a classifier that throws or names a malformed code is an unknown outcome at once", async () => {
+  const cases: [string, (error: unknown) => Classification | undefined, string][] = [
+    ["classify-throws", () => {
+      throw new Error("a broken hook");
+    }, "classifier_failed"],
+    ["classify-bad-rejection", () => ({ rejected: "card declined!" }), "invalid_error_code"],
+    ["classify-bad-unknown", () => ({ unknown: "" }), "invalid_error_code"],
+    ["classify-not-a-verdict", () => ({ rejected: 402 }) as unknown as Classification, "invalid_error_code"],
+  ];
+  for (const [name, classify, code] of cases) {
+    const key = `ts:idem:${name}`;
+    let calls = 0;
+    const pay = idempotent(
+      async (order: Order) => {
+        calls += 1;
+        // The provider took the payment; then something failed on the way back.
+        await sandbox.pay(currentCall().providerKey, order);
+        throw new Error("the answer was lost");
+      },
+      { journal, actionType: "create_payment", key, classify },
+    );
+    const order = { ...PAY_817, order_id: name };
+    await assert.rejects(pay(order), (error: unknown) => {
+      assert.ok(error instanceof VerificationRequiredError, `${name}: ${String(error)}`);
+      assert.equal(error.reported, true);
+      assert.equal(error.errorCode, code, name);
+      return true;
+    });
+    // Recorded now, not left in progress until the lease expires; not called again.
+    const row = await journal.get(key);
+    assert.equal(row.status, v1.OperationStatus.UNKNOWN, name);
+    assert.equal(row.errorCode, code, name);
+    const again = await pay.outcome(order);
+    assert.equal(again.kind, "verification_required", name);
+    assert.equal(calls, 1, name);
+    assert.deepEqual(await sandbox.effects(key), { requests: 1, effects: 1, lookups: 0 }, name);
+  }
+});
+
+test("a caller that cancels the provider call gets verification required; one that stops waiting leaves it to finish", async () => {
+  // The caller's signal combined with the lease's, as the README shows: the payment is
+  // taken, the answer never comes, the caller aborts.
+  const caller = new AbortController();
+  let calls = 0;
+  const pay = idempotent(
+    async (order: Order) => {
+      calls += 1;
+      const call = currentCall();
+      const response = await fetch(`${sandbox.baseUrl}/v1/payments`, {
+        method: "POST",
+        headers: {
+          "Idempotency-Key": call.providerKey,
+          "Content-Type": "application/json",
+          "X-Sandbox-Fault": "commit-then-timeout",
+        },
+        body: JSON.stringify(order),
+        signal: AbortSignal.any([call.signal, caller.signal]),
+      });
+      return response.json();
+    },
+    { journal, actionType: "create_payment", key: "ts:idem:cancelled" },
+  );
+  const order = { ...PAY_817, order_id: "idem-cancelled" };
+  setTimeout(() => caller.abort(), 300);
+  await assert.rejects(pay(order), (error: unknown) => {
+    assert.ok(error instanceof VerificationRequiredError, String(error));
+    assert.equal(error.errorCode, "exception");
+    assert.equal((error.cause as Error).name, "AbortError");
+    return true;
+  });
+  assert.equal((await pay.outcome(order)).kind, "verification_required");
+  assert.equal(calls, 1);
+
+  // A caller that only stops waiting does not stop the call: it finishes and is recorded.
+  let finished = false;
+  const slow = idempotent(
+    async (o: Order) => {
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      const payment = await sandbox.pay(currentCall().providerKey, o);
+      finished = true;
+      return payment;
+    },
+    { journal, actionType: "create_payment", key: "ts:idem:abandoned" },
+  );
+  const abandoned = { ...PAY_817, order_id: "idem-abandoned" };
+  const raced = await Promise.race([slow(abandoned), new Promise((resolve) => setTimeout(() => resolve("gave up"), 50))]);
+  assert.equal(raced, "gave up");
+  await waitFor("the abandoned call to be recorded", async () => {
+    const row = await journal.get("ts:idem:abandoned");
+    return row.status === v1.OperationStatus.SUCCEEDED ? true : undefined;
+  }, 10);
+  assert.ok(finished);
+  const replayed = await slow.outcome(abandoned);
+  assert.ok(replayed.kind === "succeeded" && replayed.replayed, replayed.kind);
 });

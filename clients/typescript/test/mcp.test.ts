@@ -28,7 +28,13 @@ import { z } from "zod";
 
 import { Code } from "@connectrpc/connect";
 
-import { JournalClient, JournalUnavailableError, OperationNotFoundError, v1 } from "../src/index.js";
+import {
+  InvalidArgumentError,
+  JournalClient,
+  JournalUnavailableError,
+  OperationNotFoundError,
+  v1,
+} from "../src/index.js";
 import {
   currentCall,
   OUTCOME_META_KEY,
@@ -337,6 +343,56 @@ test("a malformed client key or a key the journal refuses is invalid_key, and no
   assert.equal(calls, 1);
   await assert.rejects(journal.get("payment:alice@example.com"), OperationNotFoundError);
   await local.close();
+});
+
+/** No row for `key`: not found, or a key the journal could never have stored. */
+async function assertNoRow(key: string): Promise<void> {
+  await assert.rejects(journal.get(key), (error: unknown) => {
+    assert.ok(error instanceof OperationNotFoundError || error instanceof InvalidArgumentError, String(error));
+    return true;
+  });
+}
+
+test("a non-ASCII or over-long client key, or a journal key over 200 characters, is invalid_key before anything is sent", async () => {
+  let calls = 0;
+  const handler = async (args: Order) => {
+    calls += 1;
+    return sandbox.pay(currentCall().providerKey, args);
+  };
+  const args = { ...ORDER, order_id: "mcp-key-checks" };
+  const local = await inMemory(false, { subject: "payment" }, handler);
+  const refused = ["ключ-1", "clé", "key\n", "key\u200b", "k".repeat(129), "k".repeat(300), " k"];
+  for (const idempotencyKey of refused) {
+    const result = await call(local, { name: "create_payment", arguments: args, _meta: { idempotencyKey } });
+    assertToolError(result, "invalid_key", { subject: "payment" });
+    const journalKey = `mcp:create_payment:${idempotencyKey}`;
+    await assertNoRow(journalKey);
+    assert.deepEqual(await sandbox.effects(journalKey), { requests: 0, effects: 0, lookups: 0 });
+  }
+  await local.close();
+
+  // The client's key is fine, but the server's scoping makes a journal key over 200 characters.
+  const scope = `tenant-${"t".repeat(70)}`;
+  const scoped = await inMemory(false, { subject: "payment", clientKey: (key) => `${scope}:${key}` }, handler);
+  const longKey = "k".repeat(128);
+  const overLong = await call(scoped, { name: "create_payment", arguments: args, _meta: { idempotencyKey: longKey } });
+  assertToolError(overLong, "invalid_key", { subject: "payment" });
+  await assertNoRow(`${scope}:${longKey}`);
+  // A key of exactly 200 characters runs.
+  const fits = "f".repeat(200 - scope.length - 1);
+  const paid = await call(scoped, { name: "create_payment", arguments: args, _meta: { idempotencyKey: fits } });
+  assert.equal(paid.isError, undefined, text(paid));
+  await scoped.close();
+
+  // The server's own derived key over 200 characters.
+  const derived = await inMemory(false, { subject: "payment", deriveKey: () => `payment:${"d".repeat(200)}` }, handler);
+  assertToolError(await call(derived, { name: "create_payment", arguments: args }), "invalid_key", {
+    subject: "payment",
+  });
+  await derived.close();
+
+  assert.equal(calls, 1);
+  assert.deepEqual(await sandbox.effects(`${scope}:${fits}`), { requests: 1, effects: 1, lookups: 0 });
 });
 
 test("an unreachable journal is journal_unavailable, and the provider is not called", async () => {

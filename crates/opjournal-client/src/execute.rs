@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use backon::{ExponentialBuilder, Retryable as _};
 use futures::FutureExt as _;
 use tokio::sync::watch;
+use tonic::Code;
 
 use crate::client::JournalClient;
 use crate::error::{ClientError, ErrorReason};
@@ -30,6 +31,9 @@ use crate::provider::ProviderOutcome;
 
 /// How often a lease is renewed while the provider call runs, as a fraction of its length.
 const RENEW_FRACTION: u32 = 3;
+/// The error code recorded when the journal refused the report of a success (the effect
+/// happened; reconciliation settles it).
+pub const RESULT_REFUSED: &str = "result_refused";
 /// The first and the longest pause between two Begins while waiting.
 const FIRST_POLL: Duration = Duration::from_millis(200);
 const LONGEST_POLL: Duration = Duration::from_secs(2);
@@ -219,15 +223,31 @@ impl JournalClient {
                 external_id,
                 result,
             } => {
-                let operation = self
+                let completed = self
                     .report_with_retry(|| {
                         self.complete(lease, external_id.as_deref(), result.as_ref())
                     })
-                    .await?;
-                Ok(Executed::Succeeded {
-                    operation,
-                    replayed: false,
-                })
+                    .await;
+                match completed {
+                    Ok(operation) => Ok(Executed::Succeeded {
+                        operation,
+                        replayed: false,
+                    }),
+                    // The effect happened, but the journal refused this report of it (a
+                    // result over the action's limit, a malformed external id): what is
+                    // known is that the outcome must be verified, never that nothing ran.
+                    Err(refused) if refused.code == Code::InvalidArgument => {
+                        tracing::warn!(
+                            reason = %refused.reason,
+                            "the journal refused the report of a success; reporting it unknown"
+                        );
+                        let operation = self
+                            .report_with_retry(|| self.report_unknown(lease, Some(RESULT_REFUSED)))
+                            .await?;
+                        Ok(Executed::VerificationRequired { operation })
+                    }
+                    Err(error) => Err(error),
+                }
             }
             ProviderOutcome::Rejected { error_code } => {
                 let operation = self

@@ -48,7 +48,7 @@ mod provider;
 pub use auth::{BearerToken, InvalidToken};
 pub use client::{DEFAULT_CALL_TIMEOUT, DEFAULT_REPORT_RETRY, JournalClient};
 pub use error::{ClientError, ErrorReason};
-pub use execute::{ExecuteOptions, ProviderCall};
+pub use execute::{ExecuteOptions, ProviderCall, RESULT_REFUSED};
 pub use executed::Executed;
 pub use intent::{Begun, Intent, Lease};
 pub use protect::Protected;

@@ -217,6 +217,11 @@ where
     /// `ALREADY_EXISTS`/`IDEMPOTENCY_KEY_REUSED`, a taken-over lease
     /// `ABORTED`/`LEASE_LOST`), of [`Self::key`], and `INVALID_PAYLOAD` for arguments that
     /// do not serialize.
+    ///
+    /// Cancellation: dropping the returned future (a `tokio::time::timeout`, a `select!`)
+    /// after Begin answered `EXECUTE` leaves the operation `in_progress` until its lease
+    /// ends, then `unknown` — whether or not the function had started. Put deadlines inside
+    /// the function (on the provider call), where they become a classified outcome.
     pub async fn call(&self, args: A) -> Result<Executed, ClientError> {
         let key = self.key(&args).await?;
         let payload = (self.payload)(&args)?;

@@ -54,6 +54,15 @@ RETRIED_REPORT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
 )
 
+#: The error code of the unknown outcome reported when the journal refused the success
+#: report of a provider call that acted (``INVALID_ARGUMENT``: ``INVALID_RESULT``,
+#: ``RESULT_TOO_LARGE``, ``INVALID_EXTERNAL_ID``, ...).
+RESULT_REFUSED = "result_refused"
+
+#: The error code of the unknown outcome reported when the provider's result cannot be
+#: serialized as JSON.
+RESULT_NOT_SERIALIZABLE = "result_not_serializable"
+
 _FIRST_DELAY = 0.05
 _MAX_DELAY = 1.0
 
@@ -68,6 +77,36 @@ def to_json_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class JsonValue:
+    """A result that is a value, never JSON text: ``value`` is always serialized with the JSON
+    encoder (a ``str`` becomes a JSON string), so a replay gives back an equal value.
+    ``@idempotent`` and the agent integrations wrap what the protected function returned in
+    it; the low-level ``result=`` arguments keep reading a ``str`` as JSON text."""
+
+    value: Any
+
+
+def result_json(result: Any) -> str:
+    """The ``result_json`` of a report: ``""`` (no result body) for ``None`` or a
+    :class:`JsonValue` of ``None``; a :class:`JsonValue` serialized as a value; anything
+    else through :func:`to_json_text`.
+
+    Raises:
+        TypeError / ValueError: when the value cannot be serialized.
+    """
+    if isinstance(result, JsonValue):
+        if result.value is None:
+            return ""
+        return json.dumps(result.value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    return "" if result is None else to_json_text(result)
+
+
+def plain_result(result: Any) -> Any:
+    """``result`` without its :class:`JsonValue` wrapper."""
+    return result.value if isinstance(result, JsonValue) else result
 
 
 # Requests, built once for both clients.
@@ -98,11 +137,12 @@ def begin_request(
 def complete_request(
     lease_token: str, *, external_id: str = "", result: Any = None
 ) -> pb.CompleteOperationRequest:
-    """The CompleteOperation request (``result`` ``None``: no result body)."""
+    """The CompleteOperation request (``result`` through :func:`result_json`; ``None``: no
+    result body)."""
     return pb.CompleteOperationRequest(
         lease_token=lease_token,
         external_id=external_id,
-        result_json="" if result is None else to_json_text(result),
+        result_json=result_json(result),
     )
 
 
@@ -352,21 +392,37 @@ def _execute(
         raise TypeError("the provider function must return a ProviderResult")
     try:
         request = complete_request(token, external_id=returned.external_id, result=returned.result)
-    except (TypeError, ValueError):
-        # The result cannot be serialized: the effect happened but cannot be recorded here.
-        yield from _report(
+    except (TypeError, ValueError) as error:
+        # The effect happened but its result cannot be recorded: unknown, for the
+        # reconciler to settle (its lookup finds the effect), never a failure.
+        LOG.warning(
+            "the provider's result cannot be serialized (%s); reporting the outcome unknown",
+            type(error).__name__,
+        )
+        recorded = yield from _report(
             "ReportUnknownOutcome",
-            report_unknown_request(token, "result_not_serializable"),
+            report_unknown_request(token, RESULT_NOT_SERIALIZABLE),
             report_retry_seconds,
         )
-        raise
+        return VerificationRequired(
+            recorded, reported=True, error_code=RESULT_NOT_SERIALIZABLE, cause=error
+        )
     try:
         done = yield from _report("CompleteOperation", request, report_retry_seconds)
-    except InvalidArgumentError:
-        yield from _report(
+    except InvalidArgumentError as error:
+        # The journal refused the success report (INVALID_RESULT, RESULT_TOO_LARGE,
+        # INVALID_EXTERNAL_ID, ...) after the provider acted: unknown, never raised as if
+        # nothing had happened.
+        LOG.warning(
+            "the journal refused the success report (%s); reporting the outcome unknown",
+            error.reason or error.code.name,
+        )
+        recorded = yield from _report(
             "ReportUnknownOutcome",
-            report_unknown_request(token, "report_refused"),
+            report_unknown_request(token, RESULT_REFUSED),
             report_retry_seconds,
         )
-        raise
-    return succeeded(done, replayed=False, provider_result=returned.result)
+        return VerificationRequired(
+            recorded, reported=True, error_code=RESULT_REFUSED, cause=error
+        )
+    return succeeded(done, replayed=False, provider_result=plain_result(returned.result))

@@ -286,6 +286,63 @@ async def _call_provider(
                 pass
 
 
+#: The error code of the unknown outcome reported when the task was cancelled while Begin
+#: was in flight and Begin granted a lease: the provider was not called.
+CANCELLED_BEFORE_CALL = "cancelled_before_call"
+
+
+async def _begin_shielded(client: AsyncJournalClient, request: Any) -> Any:
+    """BeginOperation, shielded from the caller's cancellation so that a granted lease is
+    never lost. When the caller is cancelled while Begin is in flight, its answer is still
+    awaited (within the call's deadline); if it granted a lease (``DECISION_EXECUTE``), the
+    provider was not called, and the outcome is reported unknown at once
+    (``cancelled_before_call``) -- no protocol verb gives a lease back, and a lease left
+    alone would keep the intent ``IN_PROGRESS`` until it ends. The reconcile worker's
+    lookup then proves the absence and releases the key. The cancellation is re-raised."""
+    begin = asyncio.ensure_future(client._invoke("BeginOperation", request))
+    try:
+        return await asyncio.shield(begin)
+    except asyncio.CancelledError:
+        await _release_after_cancel(client, begin)
+        raise
+
+
+async def _release_after_cancel(client: AsyncJournalClient, begin: "asyncio.Future[Any]") -> None:
+    """Waits for the shielded Begin (a repeated cancellation does not stop the wait: the
+    call has a deadline), then reports a granted lease unknown (``cancelled_before_call``)."""
+    while not begin.done():
+        try:
+            await asyncio.shield(begin)
+        except asyncio.CancelledError:
+            continue
+        except Exception:  # noqa: BLE001 - Begin failed: no lease was granted
+            return
+    if begin.cancelled() or begin.exception() is not None:
+        return
+    answer: pb.BeginOperationResponse = begin.result()
+    if answer.decision != pb.DECISION_EXECUTE:
+        return
+    _core.LOG.warning(
+        "cancelled while BeginOperation was in flight; reporting the outcome unknown "
+        "(the provider was not called)"
+    )
+    report = asyncio.ensure_future(
+        client._invoke(
+            "ReportUnknownOutcome",
+            _core.report_unknown_request(answer.lease_token, CANCELLED_BEFORE_CALL),
+        )
+    )
+    while not report.done():
+        try:
+            await asyncio.shield(report)
+        except asyncio.CancelledError:
+            continue
+        except OpjournalError as error:
+            # The lease then ends unreported; the reconcile worker's sweep finds it.
+            _core.LOG.warning("the unknown outcome was not recorded: %s", error.code.name)
+            return
+
+
 async def run_plan(
     client: AsyncJournalClient, steps: _core.Plan, call: AsyncProviderFunction
 ) -> Outcome:
@@ -303,7 +360,9 @@ async def run_plan(
             answer = await _call_provider(client, step, call)
             continue
         try:
-            if isinstance(step, _core.Sleep):
+            if isinstance(step, _core.Rpc) and step.method == "BeginOperation":
+                answer = await _begin_shielded(client, step.request)
+            elif isinstance(step, _core.Sleep):
                 await asyncio.sleep(step.seconds)
             else:
                 answer = await client._invoke(step.method, step.request)
@@ -333,7 +392,11 @@ async def execute(
     while ``call`` runs; ``ProviderCall.lease_lost`` is set if a renewal sees
     ``LEASE_LOST``, and the report then raises :class:`LeaseLostError`. A cancelled
     ``call`` (``asyncio.CancelledError``) is reported unknown (``interrupted``) and the
-    cancellation re-raised."""
+    cancellation re-raised. A task cancelled while Begin is in flight waits for Begin's
+    answer (shielded, within the call's deadline): a granted lease is reported unknown
+    (``cancelled_before_call``: the provider was not called), then the cancellation is
+    re-raised. A refused success report returns ``VerificationRequired(reported=True,
+    error_code="result_refused")`` as the sync ``execute`` does."""
     options = _core.ExecuteOptions(
         namespace=namespace,
         lease_seconds=lease_seconds,

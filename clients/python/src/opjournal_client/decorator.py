@@ -51,6 +51,7 @@ from typing import (
     overload,
 )
 
+from . import _core
 from .client import JournalClient
 from .outcomes import (
     Classifier,
@@ -286,10 +287,15 @@ def idempotent(
             or a function called with the function's arguments **by name** (bound with
             :func:`inspect.signature`, defaults applied), e.g.
             ``lambda order_id, **_: f"payment:{order_id}"``. Never let a model choose it.
+            A key function returning anything but a ``str`` raises ``TypeError`` (naming
+            the function) before anything is registered.
         payload: what is hashed and bound to the key: ``None`` -- all the bound arguments
             as a JSON object (``{"name": value}``); a list of argument names -- those only;
             a function called with the arguments by name returning the payload. Another
-            payload under the same key raises :class:`IdempotencyKeyReusedError`.
+            payload under the same key raises :class:`IdempotencyKeyReusedError`. A method
+            (first parameter ``self`` or ``cls``) must declare it: ``self`` is not JSON, and
+            leaving it out silently could make two instances' intents hash the same, so
+            ``payload=None`` there raises ``TypeError`` at decoration.
         namespace: the tenant namespace (empty: ``default``).
         classify: the exception classifier (see ``execute``); the default makes only
             :class:`ProviderRejected` a confirmed rejection and everything else unknown.
@@ -314,8 +320,24 @@ def idempotent(
         raise TypeError("payload is a list of argument names, not one string")
 
     def decorate(function: Callable[P, Any]) -> Callable[P, Any]:
+        name = getattr(function, "__qualname__", "the function")
+        if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+            # Calling one only makes a generator: the body would run after the report.
+            raise TypeError(
+                f"{name} is a generator function: @idempotent protects a function that "
+                "returns its result (collect the items and return them)"
+            )
         signature = inspect.signature(function)
         is_async = inspect.iscoroutinefunction(function)
+        first = next(iter(signature.parameters), None)
+        if payload is None and first in ("self", "cls"):
+            # self is no JSON value, and leaving it out could make two instances' intents
+            # hash the same: the payload of a method must be declared.
+            raise TypeError(
+                f"{name} looks like a method (its first argument is {first!r}): declare "
+                "payload= (the argument names, or a function of them) -- "
+                f"{first} is not a JSON value"
+            )
         if isinstance(journal, JournalClient) or _is_async_client(journal) or not callable(journal):
             _check_client(journal, is_async, function)
         if payload is not None and not callable(payload):
@@ -325,8 +347,14 @@ def idempotent(
 
         def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
             bound = _bind(signature, args, kwargs)
+            operation_key = key if isinstance(key, str) else key(**bound)
+            if not isinstance(operation_key, str):
+                raise TypeError(
+                    f"the key function of {name} returned {type(operation_key).__name__}, "
+                    "not str: the operation key is a string"
+                )
             return {
-                "operation_key": key if isinstance(key, str) else key(**bound),
+                "operation_key": operation_key,
                 "payload": _payload(bound),
                 "references": references(**bound) if callable(references) else references,
             }
@@ -339,8 +367,6 @@ def idempotent(
             return {name: bound[name] for name in payload}
 
         def provider_result(value: Any) -> ProviderResult:
-            if isinstance(value, ProviderResult) and to_result is None and external_id is None:
-                return value
             stored = to_result(value) if to_result is not None else (
                 value.result if isinstance(value, ProviderResult) else value
             )
@@ -348,7 +374,8 @@ def idempotent(
                 ident = external_id(value) or ""
             else:
                 ident = value.external_id if isinstance(value, ProviderResult) else ""
-            return ProviderResult(external_id=ident, result=stored)
+            # A value, never JSON text: a returned str is stored as a JSON string.
+            return ProviderResult(external_id=ident, result=_core.JsonValue(stored))
 
         def answer(outcome: Outcome, fresh: list[Any]) -> Any:
             if returns == "outcome":

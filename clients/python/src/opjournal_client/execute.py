@@ -27,8 +27,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
+import grpc
+
+from opjournal.v1 import journal_pb2 as pb
+
 from . import _core
-from .errors import LeaseLostError, OpjournalError
+from .errors import LeaseLostError, OpjournalError, decode_error
 from .outcomes import (
     ERROR_CODE_PATTERN,
     Classifier,
@@ -129,6 +133,57 @@ def _legacy_classifier(
     return classifier
 
 
+#: The error code of the unknown outcome reported when the caller was interrupted
+#: (``KeyboardInterrupt``) while Begin was in flight and Begin granted a lease: the provider
+#: was not called.
+INTERRUPTED_BEFORE_CALL = "cancelled_before_call"
+
+
+def _outcome_of(future: Any) -> Any:
+    try:
+        return future.result()
+    except grpc.RpcError as error:
+        raise decode_error(error) from error
+
+
+def _begin_interruptible(client: JournalClient, request: Any) -> Any:
+    """BeginOperation as a gRPC future, so that a ``KeyboardInterrupt`` while it is in
+    flight does not lose a granted lease: the answer is still awaited (within the call's
+    deadline) and, if Begin granted a lease, the outcome is reported unknown at once
+    (``cancelled_before_call``: the provider was not called, and the reconcile worker's
+    lookup releases the key), then the interrupt is re-raised."""
+    future = client.journal.BeginOperation.future(
+        request, timeout=client._timeout, metadata=client._metadata
+    )
+    try:
+        return _outcome_of(future)
+    except KeyboardInterrupt:
+        _release_after_interrupt(client, future)
+        raise
+
+
+def _release_after_interrupt(client: JournalClient, future: Any) -> None:
+    while True:
+        try:
+            answer = _outcome_of(future)
+            break
+        except KeyboardInterrupt:
+            continue  # the call has a deadline
+        except Exception:  # noqa: BLE001 - Begin failed: no lease was granted
+            return
+    if answer.decision != pb.DECISION_EXECUTE:
+        return
+    LOG.warning(
+        "interrupted while BeginOperation was in flight; reporting the outcome unknown "
+        "(the provider was not called)"
+    )
+    try:
+        client.report_unknown(answer.lease_token, INTERRUPTED_BEFORE_CALL)
+    except OpjournalError as error:
+        # The lease then ends unreported; the reconcile worker's sweep finds it.
+        LOG.warning("the unknown outcome was not recorded: %s", error.code.name)
+
+
 def run_plan(
     client: JournalClient,
     steps: _core.Plan,
@@ -160,6 +215,8 @@ def run_plan(
         try:
             if isinstance(step, _core.Sleep):
                 time.sleep(step.seconds)
+            elif step.method == "BeginOperation":
+                answer = _begin_interruptible(client, step.request)
             else:
                 answer = client._invoke(step.method, step.request)
         except Exception as error:  # noqa: BLE001 - the plan decides
@@ -220,7 +277,14 @@ def execute(
 
     Returns:
         One of :class:`Succeeded`, :class:`FailedFinal`, :class:`VerificationRequired`,
-        :class:`InProgress`, :class:`DuplicateIntentSuspected`.
+        :class:`InProgress`, :class:`DuplicateIntentSuspected`. When the provider acted
+        but the journal refused the success report (``INVALID_ARGUMENT``: e.g.
+        ``INVALID_RESULT``, ``RESULT_TOO_LARGE``, ``INVALID_EXTERNAL_ID``), the outcome is
+        reported unknown and ``VerificationRequired(reported=True,
+        error_code="result_refused", cause=<the InvalidArgumentError>)`` is returned (a
+        warning names the reason, never the result); a result that cannot be serialized
+        likewise gives ``error_code="result_not_serializable"``. ``ProviderResult.result``
+        here may be JSON text (a ``str`` is sent as it is) or a value.
 
     Reports whose answer is lost (``UNAVAILABLE``, ``CANCELLED``, ``DEADLINE_EXCEEDED``,
     a connection that cannot be made) are repeated with the same token and outcome, with
@@ -232,14 +296,16 @@ def execute(
         LeaseLostError: another holder took the lease over before this call's report; the
             report was not recorded (that holder's outcome counts). ``ProviderCall.lease_lost``
             was set meanwhile if a renewal saw it first.
-        InvalidArgumentError: a malformed request. When the journal refuses the report of a
-            call that succeeded (e.g. ``RESULT_TOO_LARGE``), the outcome is first reported
-            unknown so that reconciliation settles it, then the error is raised.
+        InvalidArgumentError: a malformed request (Begin's: nothing was registered). A
+            refused success report is not raised: see Returns.
         JournalUnavailableError: the journal could not be reached (for a report: not within
             ``report_retry_seconds``). Calling ``execute`` again with the same key is safe:
             an unreported lease ends and the operation is reconciled.
         BaseException: ``KeyboardInterrupt`` and the like from ``call`` are re-raised after
-            the outcome was reported unknown.
+            the outcome was reported unknown. A ``KeyboardInterrupt`` while Begin is in
+            flight waits for Begin's answer (within the call's deadline); a granted lease
+            is reported unknown (``cancelled_before_call``: the provider was not called),
+            then the interrupt is re-raised.
     """
     options = _core.ExecuteOptions(
         namespace=namespace,

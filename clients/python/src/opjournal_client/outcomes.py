@@ -92,8 +92,10 @@ class ProviderResult:
     Attributes:
         external_id: the provider's id of the effect (payment id, message id); up to 200
             characters; may be empty.
-        result: the provider's answer to keep and replay: JSON text or a JSON-serializable
-            value, ``None`` for no result body. The journal keeps only what the action's
+        result: the provider's answer to keep and replay: for ``execute``, JSON text (a
+            ``str`` is sent as it is) or a JSON-serializable value, ``None`` for no result
+            body. Returned from an ``@idempotent`` function or an agent tool it is always a
+            value (a ``str`` is stored as a JSON string). The journal keeps only what the action's
             policy allows (``result.keep``) and never card numbers, tokens or secrets.
     """
 

@@ -218,3 +218,20 @@ async def test_a_call_without_a_key_or_with_a_malformed_key_does_not_run(server,
     assert provider.effects("mcp:create_payment:bad key!")["requests"] == 0
     assert provider.effects("mcp:create_payment:4111111111111111")["requests"] == 0
     assert provider.effects("mcp:create_payment:order-820-a")["requests"] == 0
+
+
+async def test_a_key_too_long_for_a_long_tool_name_is_an_invalid_key(journal, provider):
+    # mcp:<80 characters>:<128 characters> is longer than the journal's 200-character keys.
+    name = "create_payment_" + "x" * 65
+    server = MCPServer("payments")
+
+    @journaled_tool(server, client=journal, action_type="create_payment", subject="payment", name=name)
+    def create_payment(order_id: str, amount_minor: int, currency: str) -> dict:
+        """Pays an order."""
+        return provider.pay(order_id, amount_minor, currency)
+
+    async with Client(server, mode="legacy") as client:
+        too_long = await call_tool_with_key(client.session, name, PAY, "k" * 128)
+    assert too_long.is_error
+    assert text_of(too_long) == messages.INVALID_KEY.format(subject="payment")
+    assert too_long.meta[OUTCOME_META_KEY] == "invalid_key"

@@ -38,6 +38,9 @@ KEY_REFUSED_REASONS = frozenset(
     {"KEY_CONTAINS_SENSITIVE_DATA", "KEY_PATTERN_MISMATCH", "INVALID_OPERATION_KEY"}
 )
 
+#: The journal's longest operation key, in characters (``INVALID_FIELD_LENGTH`` over it).
+MAX_OPERATION_KEY_CHARS = 200
+
 #: Which arguments form the payload: all of them (``None``), a list of names, or a function
 #: of the arguments (a mapping of JSON values) returning the payload.
 PayloadSpec = Union[None, Sequence[str], Callable[[Mapping[str, Any]], Any]]
@@ -77,11 +80,15 @@ def namespaced_client_key(scope: str, client_key: Any, *, subject: str = "operat
 
     Raises:
         JournaledToolError: ``invalid_key`` when the key is not a string of 1-128
-            characters of ``[A-Za-z0-9._:-]``.
+            characters of ``[A-Za-z0-9._:-]``, or when the journal key would be longer than
+            :data:`MAX_OPERATION_KEY_CHARS` (a long scope).
     """
     if not isinstance(client_key, str) or not CLIENT_KEY_PATTERN.fullmatch(client_key):
         raise tool_error("invalid_key", subject=subject)
-    return f"{scope}:{client_key}"
+    key = f"{scope}:{client_key}"
+    if len(key) > MAX_OPERATION_KEY_CHARS:
+        raise tool_error("invalid_key", subject=subject)
+    return key
 
 
 def select_payload(arguments: Mapping[str, Any], payload: PayloadSpec) -> Any:
@@ -176,7 +183,10 @@ def run_journaled(
     except LeaseLostError as error:
         raise tool_error("lease_lost", subject=subject) from error
     except InvalidArgumentError as error:
-        if error.reason in KEY_REFUSED_REASONS:
+        if error.reason in KEY_REFUSED_REASONS or (
+            error.reason == "INVALID_FIELD_LENGTH"
+            and any(v.field == "operation_key" for v in error.field_violations)
+        ):
             raise tool_error("invalid_key", subject=subject) from error
         raise
     if isinstance(outcome, Succeeded):
