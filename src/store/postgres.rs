@@ -124,6 +124,7 @@ impl Dialect for Pg {
             "hash" => format!("{arg}::char(64)"),
             "time" => format!("{arg}::timestamptz"),
             "text" => format!("{arg}::text"),
+            "dbnow" => "now()".to_owned(),
             "age" => format!("EXTRACT(EPOCH FROM now() - {arg})::float8"),
             other => panic!("unknown statement token {other}"),
         }

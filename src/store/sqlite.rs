@@ -265,6 +265,7 @@ impl Dialect for Lite {
             "now+" => format!("{NOW}, printf('%+.3f seconds', {arg}))"),
             "now-" => format!("{NOW}, printf('%+.3f seconds', -({arg})))"),
             "uuid" | "json" | "hash" | "time" | "text" => arg.to_owned(),
+            "dbnow" => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')".to_owned(),
             "age" => format!(
                 "(julianday(strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) - julianday({arg})) * 86400.0"
             ),

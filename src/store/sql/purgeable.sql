@@ -1,1 +1,1 @@
-purge_after < {now} AND status IN ('succeeded', 'failed_final')
+purge_after < {dbnow} AND status IN ('succeeded', 'failed_final')

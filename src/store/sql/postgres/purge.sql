@@ -1,6 +1,6 @@
 WITH doomed AS (
     SELECT namespace, operation_key FROM agent_operations WHERE {@purgeable}
-    ORDER BY purge_after LIMIT $2 FOR UPDATE SKIP LOCKED),
+    ORDER BY purge_after LIMIT $1 FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM agent_operations o USING doomed d
     WHERE o.namespace = d.namespace AND o.operation_key = d.operation_key
