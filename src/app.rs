@@ -14,7 +14,7 @@ use crate::domain::policy::{Policy, PolicyError};
 use crate::journal::{Journal, RequestLimits};
 use crate::reconcile::adapter::AdapterError;
 use crate::reconcile::{AdapterSet, Reconciler};
-use crate::store::{Database, InstrumentedStore, JournalStore, StoreError};
+use crate::store::{Database, JournalStore, StoreError};
 use crate::telemetry::{LogOptions, Metrics, Telemetry, TelemetryError, TelemetryOptions, admin};
 
 /// Why a process could not start.
@@ -110,8 +110,7 @@ pub fn components_with_limits(
 }
 
 /// Assembles components over an existing database, with `limits`, recording into `metrics`:
-/// the journal and the reconciler see the store through [`InstrumentedStore`] (store spans
-/// and errors).
+/// the store traces its statements and counts their failures.
 pub fn components_with_telemetry(
     database: impl Into<Database>,
     policy: Arc<Policy>,
@@ -119,12 +118,8 @@ pub fn components_with_telemetry(
     limits: RequestLimits,
     metrics: Metrics,
 ) -> Components {
-    let database = database.into();
-    let store: Arc<dyn JournalStore> = Arc::new(InstrumentedStore::new(
-        database.store(),
-        metrics.clone(),
-        database.backend().otel_system(),
-    ));
+    let database = database.into().with_metrics(metrics.clone());
+    let store: Arc<dyn JournalStore> = database.store();
     Components {
         journal: Journal::new(store.clone(), policy.clone(), limits.clone())
             .with_metrics(metrics.clone()),
@@ -233,11 +228,7 @@ pub fn log_database(database: &Database) {
     }
 }
 
-/// Installs ring as the process's rustls crypto provider (HTTPS to providers), once; a
-/// provider installed earlier by the embedding program is kept.
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub use crate::reconcile::adapter::install_crypto_provider;
 
 /// Installs logging only (commands that run and exit): `RUST_LOG` filter (default `info`),
 /// text or JSON lines on standard error; no spans are exported and no metrics served.

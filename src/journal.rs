@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::domain::canonical::{self, Limits, RequestHash};
 use crate::domain::derived_key::KeyDeriver;
 use crate::domain::error::{FieldViolation, JournalError};
-use crate::domain::lease::{self, BeginVerdict, LeaseToken};
+use crate::domain::lease::{self, AsLeaseToken, BeginVerdict, LeaseToken};
 use crate::domain::model::{
     ActionType, ErrorCode, ExternalId, Namespace, OperationKey, OperationRecord, Status,
 };
@@ -28,6 +28,7 @@ use crate::domain::sensitive;
 use crate::store::{JournalStore, ListQuery, NewOperation, Registration, Settlement};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
+use opjournal_client::ErrorReason;
 
 /// Limits on request fields (sizes in bytes), set from the configuration.
 #[derive(Debug, Clone)]
@@ -82,6 +83,28 @@ pub struct BeginCommand {
     pub confirm_duplicate_intent: bool,
     /// The trace context of the registering request, kept with a new operation so that its
     /// reconcile attempts link to that trace.
+    pub trace_context: Option<TraceParent>,
+}
+
+/// A Begin as the transport received it, not yet validated: [`Journal::begin_request`]
+/// validates it (with this journal's limits) and begins, in one call.
+#[derive(Debug, Clone, Default)]
+pub struct BeginRequest {
+    /// Tenant namespace ("" = the default).
+    pub namespace: String,
+    /// The idempotency key.
+    pub operation_key: String,
+    /// The action type.
+    pub action_type: String,
+    /// The payload, a JSON object.
+    pub payload_json: String,
+    /// Requested lease, seconds (0 = the action's default).
+    pub lease_seconds: i32,
+    /// Business links; not hashed.
+    pub references: std::collections::HashMap<String, String>,
+    /// See [`BeginCommand::confirm_duplicate_intent`].
+    pub confirm_duplicate_intent: bool,
+    /// See [`BeginCommand::trace_context`].
     pub trace_context: Option<TraceParent>,
 }
 
@@ -206,8 +229,9 @@ impl Journal {
             max_bytes: self.limits.max_payload_bytes,
             max_depth: self.limits.max_json_depth,
         };
-        let payload = canonical::parse_object(payload_json, &json_limits)
-            .map_err(|e| JournalError::invalid_json("payload_json", "INVALID_PAYLOAD", &e))?;
+        let payload = canonical::parse_object(payload_json, &json_limits).map_err(|e| {
+            JournalError::invalid_json("payload_json", ErrorReason::InvalidPayload, &e)
+        })?;
         let request_hash = RequestHash::compute(action_type.as_str(), &payload);
         let references = parse_references(references, self.limits.max_references)?;
         Ok(BeginCommand {
@@ -220,6 +244,27 @@ impl Journal {
             confirm_duplicate_intent: false,
             trace_context: None,
         })
+    }
+
+    /// Validates a Begin as received ([`Journal::parse_begin`]) and begins it
+    /// ([`Journal::begin`]).
+    ///
+    /// Errors: those of both.
+    pub async fn begin_request(&self, request: BeginRequest) -> Result<BeginOutcome, JournalError> {
+        let command = self.parse_begin(
+            &request.namespace,
+            &request.operation_key,
+            &request.action_type,
+            &request.payload_json,
+            request.lease_seconds,
+            request.references,
+        )?;
+        self.begin(BeginCommand {
+            confirm_duplicate_intent: request.confirm_duplicate_intent,
+            trace_context: request.trace_context,
+            ..command
+        })
+        .await
     }
 
     /// Registers the intent and, where the rules allow, claims a lease (article, step 4).
@@ -434,11 +479,11 @@ impl Journal {
     /// sanitized result is over `result.max_bytes`).
     pub async fn complete(
         &self,
-        lease_token: &str,
+        lease_token: &(impl AsLeaseToken + ?Sized),
         external_id: &str,
         result_json: &str,
     ) -> Result<OperationRecord, JournalError> {
-        let token = LeaseToken::parse(lease_token)?;
+        let token = lease_token.as_lease_token()?;
         let external_id = ExternalId::parse_optional(external_id)?;
         let value = if result_json.is_empty() {
             None
@@ -447,10 +492,9 @@ impl Journal {
                 max_bytes: self.limits.max_result_bytes,
                 max_depth: self.limits.max_json_depth,
             };
-            Some(
-                canonical::parse_strict(result_json, &limits)
-                    .map_err(|e| JournalError::invalid_json("result_json", "INVALID_RESULT", &e))?,
-            )
+            Some(canonical::parse_strict(result_json, &limits).map_err(|e| {
+                JournalError::invalid_json("result_json", ErrorReason::InvalidResult, &e)
+            })?)
         };
         let (result_json, before) = match value {
             None => (None, None),
@@ -523,13 +567,13 @@ impl Journal {
     /// Errors: as [`Journal::complete`]; `error_code` is required.
     pub async fn fail(
         &self,
-        lease_token: &str,
+        lease_token: &(impl AsLeaseToken + ?Sized),
         error_code: &str,
     ) -> Result<OperationRecord, JournalError> {
-        let token = LeaseToken::parse(lease_token)?;
+        let token = lease_token.as_lease_token()?;
         let error_code = ErrorCode::parse_optional(error_code)?.ok_or_else(|| {
             JournalError::invalid(
-                "INVALID_FIELD_LENGTH",
+                ErrorReason::InvalidFieldLength,
                 FieldViolation::new("error_code", "is required for a definitive failure"),
             )
         })?;
@@ -543,10 +587,10 @@ impl Journal {
     /// Errors: as [`Journal::complete`].
     pub async fn report_unknown(
         &self,
-        lease_token: &str,
+        lease_token: &(impl AsLeaseToken + ?Sized),
         error_code: &str,
     ) -> Result<OperationRecord, JournalError> {
-        let token = LeaseToken::parse(lease_token)?;
+        let token = lease_token.as_lease_token()?;
         let error_code = ErrorCode::parse_optional(error_code)?
             .or_else(|| Some(ErrorCode::internal("unknown_outcome")));
         let rules = self.report_rules(&token).await?;
@@ -637,10 +681,10 @@ impl Journal {
     /// `NOT_FOUND`/`OPERATION_NOT_FOUND`; `INVALID_ARGUMENT`/`INVALID_LEASE_TOKEN`.
     pub async fn renew(
         &self,
-        lease_token: &str,
+        lease_token: &(impl AsLeaseToken + ?Sized),
         lease_seconds: i32,
     ) -> Result<OperationRecord, JournalError> {
-        let token = LeaseToken::parse(lease_token)?;
+        let token = lease_token.as_lease_token()?;
         let lease = lease::renewal_duration(lease_seconds, self.policy.defaults.max_lease_seconds);
         if let Some(record) = self.store.renew(&token, lease).await? {
             self.leases.extend(&token, &record);
@@ -768,7 +812,7 @@ impl RequestLimits {
 pub(crate) fn page_limit(page_size: i32, default: i64, max: i64) -> Result<i64, JournalError> {
     match page_size {
         n if n < 0 => Err(JournalError::invalid(
-            "INVALID_PAGE_SIZE",
+            ErrorReason::InvalidPageSize,
             FieldViolation::new("page_size", "must not be negative"),
         )),
         0 => Ok(default),
@@ -961,7 +1005,7 @@ fn parse_references(
 ) -> Result<BTreeMap<String, String>, JournalError> {
     let invalid = |description: &str| {
         JournalError::invalid(
-            "INVALID_REFERENCES",
+            ErrorReason::InvalidReferences,
             FieldViolation::new("references", description),
         )
     };
@@ -1026,7 +1070,7 @@ impl PageToken {
 
     fn invalid() -> JournalError {
         JournalError::invalid(
-            "INVALID_PAGE_TOKEN",
+            ErrorReason::InvalidPageToken,
             FieldViolation::new(
                 "page_token",
                 "is not a next_page_token of a call with the same filters",

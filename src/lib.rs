@@ -1,12 +1,24 @@
 //! opjournal: an operation journal that makes side-effecting tool calls safe to retry.
 //!
-//! The crate is layered: [`domain`] holds the state machine, request hashing, leases and
-//! policy and knows nothing of gRPC or SQL; [`store`] persists the journal behind the
-//! [`store::JournalStore`] trait; [`journal`] holds the use cases; [`reconcile`] asks
-//! providers what really happened through provider adapters; [`api`] exposes it all over
-//! gRPC; [`ops`] holds the operator commands, gRPC clients of that API. [`sandbox`] is a
-//! fake HTTP provider for tests, demos and local stands. [`telemetry`] holds traces, metrics
-//! and logs. [`children`] starts the binaries as child processes (demo, benchmark).
+//! # Layers
+//!
+//! Each module may use its own layer and the layers below it, never one above (lowest first;
+//! `tests/layers.rs` checks every `crate::` path against this line):
+//!
+//! ```text
+//! proto < domain < telemetry < store < journal < reconcile < api < config < app < cli, ops, sandbox, children
+//! ```
+//!
+//! [`proto`] is the generated protocol code. [`domain`] holds the state machine
+//! (`domain::transition`), request hashing, leases and policy, and knows nothing of gRPC or
+//! SQL. [`telemetry`] holds traces, metrics and logs, and knows only the domain. [`store`]
+//! persists the journal behind [`store::JournalStore`], one SQL implementation for Postgres
+//! and SQLite. [`journal`] holds the use cases; [`reconcile`] asks providers what really
+//! happened; [`api`] exposes both over gRPC. [`config`] reads the settings; [`app`] wires the
+//! components. Above them stand the products: [`cli`] and [`ops`] (the operator commands,
+//! gRPC clients of the API), [`sandbox`] (a fake HTTP provider for tests, demos and local
+//! stands) and [`children`] (the binaries as child processes). The binaries (`src/bin/`)
+//! stand above every layer. See docs/architecture.md.
 
 pub mod api;
 pub mod app;

@@ -275,7 +275,7 @@ async fn an_expired_lease_without_a_report_requires_verification(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(decision(&begin), Decision::Execute);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    app.clock.advance(Duration::from_millis(1500));
     let again = app.begin(KEY, "create_payment", PAY).await.unwrap();
     assert_eq!(decision(&again), Decision::VerificationRequired);
     assert_eq!(
@@ -307,7 +307,7 @@ async fn a_deduplicating_provider_allows_a_new_lease_with_the_same_key(pool: PgP
         .begin_in("", KEY, "create_payment_dedup", PAY, 1)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    app.clock.advance(Duration::from_millis(1500));
     let second = app.begin(KEY, "create_payment_dedup", PAY).await.unwrap();
     assert_eq!(decision(&second), Decision::Execute);
     assert_eq!(second.operation.as_ref().unwrap().attempt_count, 2);
@@ -443,7 +443,7 @@ async fn a_holder_reports_after_the_sweep_with_its_own_error_code(pool: PgPool) 
         .begin_in("", KEY, "create_payment", PAY, 1)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    app.clock.advance(Duration::from_millis(1300));
     assert_eq!(app.worker("w").tick().await.unwrap().swept, 1);
     let op = get(&app, KEY).await;
     assert_eq!(op.error_code.as_deref(), Some("lease_expired"));
@@ -470,7 +470,7 @@ async fn a_late_success_after_a_release_is_kept_and_nothing_runs_again(pool: PgP
         .begin_in("", KEY, "create_payment", PAY, 1)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    app.clock.advance(Duration::from_millis(1300));
     let stats = app.worker("w").tick().await.unwrap();
     assert_eq!(stats.released, 1);
     assert_eq!(op_status(&get(&app, KEY).await), OperationStatus::Pending);

@@ -65,7 +65,7 @@ async fn a_holder_that_dies_after_the_effect_is_swept_to_unknown_and_settled_by_
         (0, 0),
         "a live lease is left alone"
     );
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    app.clock.advance(Duration::from_millis(1300));
     let stats = worker.tick().await.unwrap();
     assert_eq!((stats.swept, stats.looked_up, stats.settled), (1, 1, 1));
 
@@ -263,7 +263,7 @@ async fn a_completion_by_the_holder_during_a_reconcile_stands(pool: PgPool) {
             .await
             .is_none()
     );
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    app.clock.advance(Duration::from_millis(1300));
 
     let policy = Arc::new(Policy::parse(&app.policy_yaml, "test-policy.yaml").unwrap());
     let mut adapters = AdapterSet::from_policy(&policy).unwrap();
@@ -276,7 +276,8 @@ async fn a_completion_by_the_holder_during_a_reconcile_stands(pool: PgPool) {
             gate: gate.clone(),
         }),
     );
-    let store: Arc<dyn JournalStore> = Arc::new(PgStore::new(app.pool().clone()));
+    let store: Arc<dyn JournalStore> =
+        Arc::new(PgStore::new(app.pool().clone()).with_clock(app.clock.clone()));
     let worker = Worker::new(
         Reconciler::new(store, policy, adapters, "worker-a"),
         WorkerConfig::default(),

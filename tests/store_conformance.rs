@@ -24,10 +24,9 @@ use opjournal::domain::model::{
 use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
 use opjournal::store::{
-    Database, InstrumentedStore, JournalStore, ListQuery, NewOperation, Registration, Resolution,
-    Settled, Settlement,
+    Clock, Database, JournalStore, ListQuery, NewOperation, Registration, Resolution, Settled,
+    Settlement,
 };
-use opjournal::telemetry::Metrics;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -36,28 +35,37 @@ use uuid::Uuid;
 struct Fixture {
     db: TestDb,
     store: Arc<dyn JournalStore>,
+    /// The statements' clock: moved forward to end leases instead of sleeping.
+    clock: Clock,
 }
 
 impl Fixture {
     fn postgres(pool: PgPool) -> Self {
         let db = TestDb::Postgres(pool);
+        let database = db.database();
         Self {
-            store: db.database().store(),
+            store: database.store(),
+            clock: database.clock().clone(),
             db,
         }
     }
 
     async fn sqlite() -> Self {
         let db = TestDb::sqlite().await;
+        let database = db.database();
         Self {
-            store: db.database().store(),
+            store: database.store(),
+            clock: database.clock().clone(),
             db,
         }
     }
 
     /// Another pool on the same database, as a second process would open it.
     fn second_store(&self) -> Arc<dyn JournalStore> {
-        Database::connect_lazy(&self.db.url(), 5).unwrap().store()
+        Database::connect_lazy(&self.db.url(), 5)
+            .unwrap()
+            .with_clock(self.clock.clone())
+            .store()
     }
 
     /// The same change in each dialect; `Err` when the database refuses it.
@@ -133,7 +141,7 @@ impl Fixture {
     /// A registered operation whose lease ended without a report: swept to unknown.
     async fn unknown_by_sweep(&self, key: &str) -> OperationRecord {
         let record = self.register(key, Duration::from_millis(100)).await;
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        self.clock.advance(Duration::from_millis(400));
         assert_eq!(self.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
         let swept = self.get(key).await;
         assert_eq!(swept.status, Status::Unknown);
@@ -303,7 +311,7 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
             .unwrap()
             .is_none()
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    fx.clock.advance(Duration::from_millis(600));
     let ended = fx.get("short").await;
     assert!(ended.lease_until.unwrap() <= ended.observed_at);
     // An ended lease can be neither renewed nor kept, and may be taken over once.
@@ -489,7 +497,7 @@ async fn a_holder_reports_once_even_after_the_sweep(fx: &Fixture) {
     );
     // Swept into unknown without a report: the holder's late report still lands.
     let silent = fx.register("silent", Duration::from_millis(100)).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    fx.clock.advance(Duration::from_millis(400));
     assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
     let late = fx
         .store
@@ -872,7 +880,7 @@ async fn one_looker_at_a_time_on_request(fx: &Fixture) {
 async fn the_sweep_takes_only_ended_leases(fx: &Fixture) {
     fx.register("live", Duration::from_secs(2)).await;
     let ended = fx.register("ended", Duration::from_millis(200)).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    fx.clock.advance(Duration::from_millis(500));
     assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
     assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 0);
     assert_eq!(fx.get("live").await.status, Status::InProgress);
@@ -903,7 +911,7 @@ async fn the_sweep_moves_at_most_a_batch(fx: &Fixture) {
         fx.register(&format!("k{i}"), Duration::from_millis(100))
             .await;
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    fx.clock.advance(Duration::from_millis(400));
     let second = fx.second_store();
     let (a, b) = tokio::join!(
         fx.store.sweep_expired_leases(2, "w1"),
@@ -1356,7 +1364,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
 
     // From unknown, where the sweep put a silent holder's operation.
     let swept = fx.register("swept", Duration::from_millis(100)).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    fx.clock.advance(Duration::from_millis(400));
     assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
     let Settled { record, previous } = fx
         .store
@@ -1447,7 +1455,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
 }
 
 /// Runs `call` inside a span and lists the store methods it called, in order, as
-/// [`InstrumentedStore`] names them in its spans.
+/// the store names them in its spans.
 async fn store_calls<T>(call: impl std::future::Future<Output = T>) -> (T, Vec<String>) {
     use std::sync::Mutex;
     use tracing::Instrument as _;
@@ -1492,11 +1500,7 @@ async fn store_calls<T>(call: impl std::future::Future<Output = T>) -> (T, Vec<S
 }
 
 async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
-    let store: Arc<dyn JournalStore> = Arc::new(InstrumentedStore::new(
-        fx.store.clone(),
-        Metrics::disabled(),
-        "test",
-    ));
+    let store = fx.store.clone();
     let policy = Arc::new(Policy::builtin());
     let journal = Journal::new(store.clone(), policy.clone(), RequestLimits::default());
     // Another replica: it granted none of the leases, so it reads the row before a report
@@ -1941,7 +1945,7 @@ async fn the_backlog_statement_uses_only_partial_indexes_on_postgres(pool: PgPoo
         .unwrap();
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN {}",
-        opjournal::store::postgres::BACKLOG_STATS_SQL
+        opjournal::store::postgres::backlog_stats_sql()
     )))
     .fetch_all(&mut *conn)
     .await

@@ -140,19 +140,20 @@ pub fn check_namespace(caller: &Caller, namespace: &str) -> Result<(), Status> {
         .map_err(|error| refused(caller, error))
 }
 
-/// Checks that `caller` may touch the operation a lease token names: the namespace inside
-/// the token counts, not any the request claims.
+/// Parses a request's lease token, once per request, and checks that `caller` may touch the
+/// operation it names: the namespace inside the token counts, not any the request claims.
 ///
 /// Errors: `INVALID_ARGUMENT`/`INVALID_LEASE_TOKEN`; `PERMISSION_DENIED`/
 /// `NAMESPACE_NOT_ALLOWED`.
-pub fn check_lease_namespace(caller: &Caller, lease_token: &str) -> Result<(), Status> {
-    if let Caller::Anyone = caller {
-        return Ok(());
-    }
+pub fn check_lease_namespace(caller: &Caller, lease_token: &str) -> Result<LeaseToken, Status> {
     let token = LeaseToken::parse(lease_token)?;
+    if let Caller::Anyone = caller {
+        return Ok(token);
+    }
     caller
         .authorize_namespace(&token.namespace)
-        .map_err(|error| refused(caller, error))
+        .map_err(|error| refused(caller, error))?;
+    Ok(token)
 }
 
 /// Logs a refusal (the principal's name, never its token) and turns it into a status.

@@ -5,6 +5,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::domain::model::{ActorKind, OperationEvent, OperationRecord, Status};
+use crate::journal::BeginRequest;
 use crate::proto;
 use crate::reconcile::{Observation, ReconcileAction};
 
@@ -126,5 +127,20 @@ pub fn event(event: &OperationEvent) -> proto::OperationEvent {
         actor: event.actor.clone(),
         reason: event.reason.clone().unwrap_or_default(),
         occurred_at: Some(timestamp(event.occurred_at)),
+    }
+}
+
+impl From<proto::BeginOperationRequest> for BeginRequest {
+    fn from(r: proto::BeginOperationRequest) -> Self {
+        Self {
+            namespace: r.namespace,
+            operation_key: r.operation_key,
+            action_type: r.action_type,
+            payload_json: r.payload_json,
+            lease_seconds: r.lease_seconds,
+            references: r.references,
+            confirm_duplicate_intent: r.confirm_duplicate_intent,
+            trace_context: None,
+        }
     }
 }

@@ -7,10 +7,11 @@ use super::auth::{self, check_lease_namespace, check_namespace};
 use super::convert;
 use crate::domain::access::Rpc;
 use crate::domain::model::OperationRecord;
-use crate::journal::{BeginCommand, BeginOutcome, Journal};
+use crate::journal::{BeginOutcome, BeginRequest, Journal};
 use crate::proto;
 use crate::proto::operation_journal_server::{OperationJournal, OperationJournalServer};
 use crate::telemetry::propagation;
+use opjournal_client::ErrorReason;
 
 /// The `opjournal.v1.OperationJournal` service.
 #[derive(Clone)]
@@ -40,20 +41,11 @@ impl OperationJournal for JournalService {
         let trace_context = propagation::registering_trace_context(request.metadata().as_ref());
         let r = request.into_inner();
         check_namespace(&caller, &r.namespace)?;
-        let command = self.journal.parse_begin(
-            &r.namespace,
-            &r.operation_key,
-            &r.action_type,
-            &r.payload_json,
-            r.lease_seconds,
-            r.references,
-        )?;
-        let command = BeginCommand {
-            confirm_duplicate_intent: r.confirm_duplicate_intent,
+        let request = BeginRequest {
             trace_context,
-            ..command
+            ..BeginRequest::from(r)
         };
-        let outcome = self.journal.begin(command).await?;
+        let outcome = self.journal.begin_request(request).await?;
         tracing::Span::current().record("opjournal.begin.decision", outcome.decision());
         let answer =
             |decision: proto::Decision, record: &OperationRecord| proto::BeginOperationResponse {
@@ -92,10 +84,10 @@ impl OperationJournal for JournalService {
     ) -> Result<Response<proto::CompleteOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::CompleteOperation)?;
         let r = request.into_inner();
-        check_lease_namespace(&caller, &r.lease_token)?;
+        let token = check_lease_namespace(&caller, &r.lease_token)?;
         let record = self
             .journal
-            .complete(&r.lease_token, &r.external_id, &r.result_json)
+            .complete(&token, &r.external_id, &r.result_json)
             .await?;
         Ok(Response::new(proto::CompleteOperationResponse {
             operation: Some(convert::operation(&record)),
@@ -108,8 +100,8 @@ impl OperationJournal for JournalService {
     ) -> Result<Response<proto::FailOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::FailOperation)?;
         let r = request.into_inner();
-        check_lease_namespace(&caller, &r.lease_token)?;
-        let record = self.journal.fail(&r.lease_token, &r.error_code).await?;
+        let token = check_lease_namespace(&caller, &r.lease_token)?;
+        let record = self.journal.fail(&token, &r.error_code).await?;
         Ok(Response::new(proto::FailOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -121,11 +113,8 @@ impl OperationJournal for JournalService {
     ) -> Result<Response<proto::ReportUnknownOutcomeResponse>, Status> {
         let caller = auth::caller(&request, Rpc::ReportUnknownOutcome)?;
         let r = request.into_inner();
-        check_lease_namespace(&caller, &r.lease_token)?;
-        let record = self
-            .journal
-            .report_unknown(&r.lease_token, &r.error_code)
-            .await?;
+        let token = check_lease_namespace(&caller, &r.lease_token)?;
+        let record = self.journal.report_unknown(&token, &r.error_code).await?;
         Ok(Response::new(proto::ReportUnknownOutcomeResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -137,8 +126,8 @@ impl OperationJournal for JournalService {
     ) -> Result<Response<proto::RenewLeaseResponse>, Status> {
         let caller = auth::caller(&request, Rpc::RenewLease)?;
         let r = request.into_inner();
-        check_lease_namespace(&caller, &r.lease_token)?;
-        let record = self.journal.renew(&r.lease_token, r.lease_seconds).await?;
+        let token = check_lease_namespace(&caller, &r.lease_token)?;
+        let record = self.journal.renew(&token, r.lease_seconds).await?;
         Ok(Response::new(proto::RenewLeaseResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -181,7 +170,7 @@ impl OperationJournal for JournalService {
         check_namespace(&caller, &r.namespace)?;
         let status = proto::OperationStatus::try_from(r.status).map_err(|_| {
             Status::from(crate::domain::error::JournalError::invalid(
-                "INVALID_STATUS_FILTER",
+                ErrorReason::InvalidStatusFilter,
                 crate::domain::error::FieldViolation::new(
                     "status",
                     "is not an OperationStatus value",

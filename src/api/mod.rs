@@ -38,8 +38,7 @@ pub use reconciler_service::ReconcilerService;
 pub const LIVENESS: &str = "liveness";
 /// Health entry that follows the database check.
 pub const READINESS: &str = "readiness";
-/// The gRPC services the server serves, fully qualified.
-pub const SERVICES: &[&str] = &["opjournal.v1.OperationJournal", "opjournal.v1.Reconciler"];
+pub use crate::proto::SERVICES;
 
 /// Largest request message the server decodes by default, in bytes (1 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;

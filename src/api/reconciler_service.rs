@@ -12,6 +12,7 @@ use crate::proto;
 use crate::proto::reconciler_server::{Reconciler as ReconcilerRpc, ReconcilerServer};
 use crate::proto::resolve_operation_request::Resolution as ProtoResolution;
 use crate::reconcile::{ReconcileAction, Reconciler, ReviewDecision};
+use opjournal_client::ErrorReason;
 
 /// The `opjournal.v1.Reconciler` service.
 #[derive(Clone)]
@@ -93,7 +94,7 @@ impl ReconcilerRpc for ReconcilerService {
             Some(ProtoResolution::ReleaseForRetry(_)) => ReviewDecision::ReleaseForRetry,
             None => {
                 return Err(JournalError::invalid(
-                    "INVALID_REVIEW",
+                    ErrorReason::InvalidReview,
                     FieldViolation::new(
                         "resolution",
                         "is required: succeeded, failed_final or release_for_retry",

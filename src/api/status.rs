@@ -1,5 +1,6 @@
 //! `JournalError` and `AccessError` -> `tonic::Status`: one gRPC code and exactly one
-//! `google.rpc.ErrorInfo` (AIP-193) per error, with a stable reason. The mappings are
+//! `google.rpc.ErrorInfo` (AIP-193) per error, with a stable reason: a variant of
+//! [`ErrorReason`], the enum the Rust client reads them into. The mappings are
 //! exhaustive on purpose: a new error variant does not compile until it is given a code and a
 //! reason.
 
@@ -10,7 +11,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
 use crate::domain::access::AccessError;
-use crate::domain::error::JournalError;
+use crate::domain::error::{ErrorReason, JournalError};
 
 /// The `ErrorInfo.domain` of every error this service returns.
 pub const ERROR_DOMAIN: &str = "opjournal.dev";
@@ -35,11 +36,13 @@ fn retryable(code: Code, reason: &str, message: &str, delay: Duration) -> Status
 
 impl From<JournalError> for Status {
     fn from(error: JournalError) -> Self {
+        let reason = error.reason();
+        let reason = reason.as_str();
         match error {
             JournalError::InvalidArgument {
-                reason,
                 violation,
                 metadata,
+                ..
             } => {
                 let mut details = ErrorDetails::with_error_info(
                     reason,
@@ -55,41 +58,38 @@ impl From<JournalError> for Status {
             }
             JournalError::KeyReused => status(
                 Code::AlreadyExists,
-                "IDEMPOTENCY_KEY_REUSED",
+                reason,
                 "the idempotency key is bound to another request (other payload or action type); \
                  the provider must not be called",
                 HashMap::new(),
             ),
             JournalError::LeaseLost => status(
                 Code::Aborted,
-                "LEASE_LOST",
+                reason,
                 "the lease behind this token ended or was taken over; nothing was changed",
                 HashMap::new(),
             ),
             JournalError::OutcomeAlreadyRecorded { status: current } => status(
                 Code::FailedPrecondition,
-                "OUTCOME_ALREADY_RECORDED",
+                reason,
                 format!("this lease already recorded another outcome; the operation is {current}"),
                 HashMap::from([("status".to_owned(), current.to_string())]),
             ),
             JournalError::Contention => retryable(
                 Code::Aborted,
-                "CONCURRENT_MODIFICATION",
+                reason,
                 "the operation changed concurrently; retry the call",
                 Duration::from_millis(50),
             ),
             JournalError::NotFound => status(
                 Code::NotFound,
-                "OPERATION_NOT_FOUND",
+                reason,
                 "no operation with this key in this namespace",
                 HashMap::new(),
             ),
             JournalError::ActionTypeNotConfigured => {
-                let mut details = ErrorDetails::with_error_info(
-                    "ACTION_TYPE_NOT_CONFIGURED",
-                    ERROR_DOMAIN,
-                    HashMap::new(),
-                );
+                let mut details =
+                    ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::new());
                 details.add_bad_request_violation(
                     "action_type",
                     "is not configured in the policy file",
@@ -105,7 +105,7 @@ impl From<JournalError> for Status {
                 lease_live,
             } => status(
                 Code::FailedPrecondition,
-                "OPERATION_NOT_RECONCILABLE",
+                reason,
                 if lease_live {
                     "the operation is under a live lease; reconcile it after the lease ends".into()
                 } else {
@@ -118,7 +118,7 @@ impl From<JournalError> for Status {
                 attempt_count,
             } => status(
                 Code::FailedPrecondition,
-                "OPERATION_CHANGED",
+                reason,
                 format!(
                     "the operation changed since it was seen: it is {current} at attempt {attempt_count}"
                 ),
@@ -129,19 +129,19 @@ impl From<JournalError> for Status {
             ),
             JournalError::ReconcileInProgress => retryable(
                 Code::FailedPrecondition,
-                "RECONCILE_IN_PROGRESS",
+                reason,
                 "the operation is being looked up right now; read it again shortly",
                 Duration::from_secs(1),
             ),
             JournalError::NoProviderAdapter => status(
                 Code::FailedPrecondition,
-                "NO_PROVIDER_ADAPTER",
+                reason,
                 "the action has no provider adapter to look the operation up",
                 HashMap::new(),
             ),
             JournalError::KeyDerivationDisabled => status(
                 Code::FailedPrecondition,
-                "KEY_DERIVATION_DISABLED",
+                reason,
                 "this server has no key_derivation_secret configured, so it cannot derive keys",
                 HashMap::new(),
             ),
@@ -149,14 +149,14 @@ impl From<JournalError> for Status {
                 tracing::warn!(error = %source, "store unavailable");
                 retryable(
                     Code::Unavailable,
-                    "STORE_UNAVAILABLE",
+                    reason,
                     "the journal database is unavailable; retry the call later",
                     Duration::from_secs(1),
                 )
             }
             JournalError::Internal(source) => {
                 tracing::error!(error = %source, "internal error");
-                status(Code::Internal, "INTERNAL", "internal error", HashMap::new())
+                status(Code::Internal, reason, "internal error", HashMap::new())
             }
         }
     }
@@ -167,31 +167,31 @@ impl From<AccessError> for Status {
         match error {
             AccessError::MissingCredentials => status(
                 Code::Unauthenticated,
-                "MISSING_CREDENTIALS",
+                ErrorReason::MissingCredentials.as_str(),
                 "this server requires an `authorization: Bearer <token>` header",
                 HashMap::new(),
             ),
             AccessError::InvalidCredentials => status(
                 Code::Unauthenticated,
-                "INVALID_CREDENTIALS",
+                ErrorReason::InvalidCredentials.as_str(),
                 "the bearer token is malformed or not known to this server",
                 HashMap::new(),
             ),
             AccessError::RoleNotAllowed { rpc } => status(
                 Code::PermissionDenied,
-                "ROLE_NOT_ALLOWED",
+                ErrorReason::RoleNotAllowed.as_str(),
                 format!("{} is not allowed for this token's roles", rpc.name()),
                 HashMap::from([("rpc".to_owned(), rpc.name().to_owned())]),
             ),
             AccessError::NamespaceNotAllowed { namespace } => status(
                 Code::PermissionDenied,
-                "NAMESPACE_NOT_ALLOWED",
+                ErrorReason::NamespaceNotAllowed.as_str(),
                 format!("namespace {namespace} is not allowed for this token"),
                 HashMap::from([("namespace".to_owned(), namespace)]),
             ),
             AccessError::ReviewerMismatch => status(
                 Code::PermissionDenied,
-                "REVIEWER_MISMATCH",
+                ErrorReason::ReviewerMismatch.as_str(),
                 "reviewer must be empty or the name of the caller's token",
                 HashMap::new(),
             ),

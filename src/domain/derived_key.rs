@@ -23,6 +23,7 @@ use sha2::Sha256;
 
 use super::error::{FieldViolation, JournalError};
 use super::model::{ActionType, Namespace, OperationKey};
+use opjournal_client::ErrorReason;
 
 /// Prefix of every derived key.
 pub const DERIVED_KEY_PREFIX: &str = "ok_";
@@ -75,7 +76,7 @@ impl KeyDeriver {
     ) -> Result<OperationKey, JournalError> {
         if intent_reference.is_empty() || intent_reference.len() > MAX_INTENT_REFERENCE_BYTES {
             return Err(JournalError::invalid(
-                "INVALID_FIELD_LENGTH",
+                ErrorReason::InvalidFieldLength,
                 FieldViolation::new(
                     "intent_reference",
                     format!("must be 1 to {MAX_INTENT_REFERENCE_BYTES} bytes long"),

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use super::canonical::JsonError;
 use super::model::Status;
+pub use opjournal_client::ErrorReason;
 
 /// One invalid request field, reported as a `google.rpc.BadRequest` field violation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,8 +34,8 @@ pub enum JournalError {
     /// Malformed input. gRPC `INVALID_ARGUMENT` with the given reason and a field violation.
     #[error("invalid argument: {violation:?}")]
     InvalidArgument {
-        /// Stable UPPER_SNAKE reason.
-        reason: &'static str,
+        /// Its stable reason.
+        reason: ErrorReason,
         /// The offending field.
         violation: FieldViolation,
         /// Extra `ErrorInfo` metadata (e.g. `json_pointer`, `rule`).
@@ -102,8 +103,30 @@ pub enum JournalError {
 }
 
 impl JournalError {
+    /// The one `ErrorInfo` reason this error is sent with: the reasons are the variants of
+    /// the Rust client's [`ErrorReason`], shared by the server (which sends them) and the
+    /// client (which reads them).
+    pub fn reason(&self) -> ErrorReason {
+        match self {
+            Self::InvalidArgument { reason, .. } => reason.clone(),
+            Self::KeyReused => ErrorReason::IdempotencyKeyReused,
+            Self::LeaseLost => ErrorReason::LeaseLost,
+            Self::OutcomeAlreadyRecorded { .. } => ErrorReason::OutcomeAlreadyRecorded,
+            Self::Contention => ErrorReason::ConcurrentModification,
+            Self::NotFound => ErrorReason::OperationNotFound,
+            Self::ActionTypeNotConfigured => ErrorReason::ActionTypeNotConfigured,
+            Self::NotReconcilable { .. } => ErrorReason::OperationNotReconcilable,
+            Self::OperationChanged { .. } => ErrorReason::OperationChanged,
+            Self::ReconcileInProgress => ErrorReason::ReconcileInProgress,
+            Self::NoProviderAdapter => ErrorReason::NoProviderAdapter,
+            Self::KeyDerivationDisabled => ErrorReason::KeyDerivationDisabled,
+            Self::StoreUnavailable(_) => ErrorReason::StoreUnavailable,
+            Self::Internal(_) => ErrorReason::Internal,
+        }
+    }
+
     /// An `INVALID_ARGUMENT` with one field violation.
-    pub fn invalid(reason: &'static str, violation: FieldViolation) -> Self {
+    pub fn invalid(reason: ErrorReason, violation: FieldViolation) -> Self {
         Self::InvalidArgument {
             reason,
             violation,
@@ -113,7 +136,7 @@ impl JournalError {
 
     /// An `INVALID_ARGUMENT` for a JSON field that is not strict I-JSON, naming the JSON Pointer
     /// of the offending place (RFC 6901) in the description and in `ErrorInfo` metadata.
-    pub fn invalid_json(field: &'static str, reason: &'static str, error: &JsonError) -> Self {
+    pub fn invalid_json(field: &'static str, reason: ErrorReason, error: &JsonError) -> Self {
         let mut metadata = BTreeMap::new();
         metadata.insert("json_pointer".to_owned(), error.pointer.clone());
         metadata.insert("rule".to_owned(), error.kind.rule().to_owned());

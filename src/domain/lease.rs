@@ -19,9 +19,9 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use uuid::Uuid;
 
-use super::canonical::RequestHash;
 use super::error::{FieldViolation, JournalError};
-use super::model::{ActionType, Namespace, OperationKey, OperationRecord, Status};
+use super::model::{Namespace, OperationKey};
+use opjournal_client::ErrorReason;
 
 /// Shortest lease the journal grants, in seconds.
 pub const MIN_LEASE_SECONDS: u32 = 1;
@@ -84,7 +84,7 @@ impl LeaseToken {
     pub fn parse(text: &str) -> Result<Self, JournalError> {
         let invalid = || {
             JournalError::invalid(
-                "INVALID_LEASE_TOKEN",
+                ErrorReason::InvalidLeaseToken,
                 FieldViolation::new(
                     "lease_token",
                     "is not a lease token issued by BeginOperation",
@@ -116,57 +116,32 @@ impl LeaseToken {
     }
 }
 
-/// What `BeginOperation` answers for an existing row, before any write.
-#[derive(Debug, Clone, PartialEq)]
-pub enum BeginVerdict {
-    /// Key bound to another request hash or action type.
-    Conflict,
-    /// Terminal: return the stored outcome.
-    Replay,
-    /// Another holder's lease is live for this long.
-    InProgress(Duration),
-    /// Unknown outcome (reported, or an expired lease): reconcile before any retry.
-    VerificationRequired,
-    /// The caller may take a new lease with compare-and-set on this status and attempt.
-    Claim {
-        /// Status the row must still be in.
-        expected_status: Status,
-        /// Attempt count the row must still have.
-        expected_attempt: i32,
-    },
+pub use super::transition::{BeginVerdict, decide};
+
+/// A lease token as the use cases take it: already parsed (the transport parses it once per
+/// request, where it also checks the caller's namespace), or as the text a client sent.
+pub trait AsLeaseToken {
+    /// The token, parsed if needed.
+    ///
+    /// Errors: `INVALID_ARGUMENT`/`INVALID_LEASE_TOKEN` when the text is not a token.
+    fn as_lease_token(&self) -> Result<std::borrow::Cow<'_, LeaseToken>, JournalError>;
 }
 
-/// Decides what a Begin with (`action_type`, `request_hash`) gets for the existing `row`.
-///
-/// `provider_deduplicates` is the action's policy (`on_timeout: retry_with_same_key`): only
-/// then may an unknown operation or an expired lease be claimed again with the same key.
-pub fn decide(
-    row: &OperationRecord,
-    action_type: &ActionType,
-    request_hash: &RequestHash,
-    provider_deduplicates: bool,
-) -> BeginVerdict {
-    if &row.request_hash != request_hash || &row.action_type != action_type {
-        return BeginVerdict::Conflict;
+impl AsLeaseToken for LeaseToken {
+    fn as_lease_token(&self) -> Result<std::borrow::Cow<'_, LeaseToken>, JournalError> {
+        Ok(std::borrow::Cow::Borrowed(self))
     }
-    let claim = BeginVerdict::Claim {
-        expected_status: row.status,
-        expected_attempt: row.attempt_count,
-    };
-    match row.status {
-        Status::Succeeded | Status::FailedFinal => BeginVerdict::Replay,
-        Status::Pending => claim,
-        Status::InProgress if row.has_live_lease() => {
-            let remaining = row
-                .lease_until
-                .map(|until| (until - row.observed_at).to_std().unwrap_or_default())
-                .unwrap_or_default();
-            BeginVerdict::InProgress(remaining)
-        }
-        // An operation waiting for a person is never retried automatically.
-        Status::Unknown if row.review_required_at.is_some() => BeginVerdict::VerificationRequired,
-        Status::InProgress | Status::Unknown if provider_deduplicates => claim,
-        Status::InProgress | Status::Unknown => BeginVerdict::VerificationRequired,
+}
+
+impl AsLeaseToken for str {
+    fn as_lease_token(&self) -> Result<std::borrow::Cow<'_, LeaseToken>, JournalError> {
+        LeaseToken::parse(self).map(std::borrow::Cow::Owned)
+    }
+}
+
+impl AsLeaseToken for String {
+    fn as_lease_token(&self) -> Result<std::borrow::Cow<'_, LeaseToken>, JournalError> {
+        self.as_str().as_lease_token()
     }
 }
 
@@ -174,6 +149,8 @@ pub fn decide(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::domain::canonical::RequestHash;
+    use crate::domain::model::{ActionType, OperationRecord, Status};
     use chrono::{TimeDelta, Utc};
 
     fn row(status: Status, lease_secs: Option<i64>) -> OperationRecord {

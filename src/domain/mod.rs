@@ -12,3 +12,4 @@ pub mod policy;
 mod policy_file;
 pub mod result;
 pub mod sensitive;
+pub mod transition;

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 
 use super::canonical::RequestHash;
 use super::error::{FieldViolation, JournalError};
+use opjournal_client::ErrorReason;
 
 /// Maximum length of an idempotency key, in characters (the article's `VARCHAR(200)`).
 pub const MAX_KEY_CHARS: usize = 200;
@@ -28,7 +29,7 @@ fn check_length(field: &'static str, value: &str, max: usize) -> Result<(), Jour
     let chars = value.chars().count();
     if chars == 0 || chars > max {
         return Err(JournalError::invalid(
-            "INVALID_FIELD_LENGTH",
+            ErrorReason::InvalidFieldLength,
             FieldViolation::new(field, format!("must be 1 to {max} characters long")),
         ));
     }
@@ -60,7 +61,7 @@ impl Namespace {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
         {
             return Err(JournalError::invalid(
-                "INVALID_NAMESPACE",
+                ErrorReason::InvalidNamespace,
                 FieldViolation::new(
                     "namespace",
                     "may hold only letters, digits, '.', '_' and '-'",
@@ -103,7 +104,7 @@ impl OperationKey {
         check_length("operation_key", value, MAX_KEY_CHARS)?;
         if value.chars().any(|c| c.is_control() || is_invisible(c)) {
             return Err(JournalError::invalid(
-                "INVALID_OPERATION_KEY",
+                ErrorReason::InvalidOperationKey,
                 FieldViolation::new(
                     "operation_key",
                     "must not contain control or invisible formatting characters",
@@ -137,7 +138,7 @@ impl ActionType {
         check_length("action_type", value, MAX_ACTION_TYPE_CHARS)?;
         if !value.chars().all(is_identifier_char) {
             return Err(JournalError::invalid(
-                "INVALID_ACTION_TYPE",
+                ErrorReason::InvalidActionType,
                 FieldViolation::new(
                     "action_type",
                     "may hold only letters, digits, '.', '_', ':' and '-'",
@@ -175,7 +176,7 @@ impl ErrorCode {
         check_length("error_code", value, MAX_ERROR_CODE_CHARS)?;
         if !value.chars().all(is_identifier_char) {
             return Err(JournalError::invalid(
-                "INVALID_ERROR_CODE",
+                ErrorReason::InvalidErrorCode,
                 FieldViolation::new(
                     "error_code",
                     "may hold only letters, digits, '.', '_', ':' and '-'",
@@ -212,7 +213,7 @@ impl ExternalId {
         check_length("external_id", value, MAX_EXTERNAL_ID_CHARS)?;
         if value.chars().any(char::is_control) {
             return Err(JournalError::invalid(
-                "INVALID_EXTERNAL_ID",
+                ErrorReason::InvalidExternalId,
                 FieldViolation::new("external_id", "must not contain control characters"),
             ));
         }

@@ -28,6 +28,7 @@ use serde_json::{Map, Value};
 
 use super::canonical::{self, Limits};
 use super::error::{FieldViolation, JournalError};
+use opjournal_client::ErrorReason;
 
 /// Field names removed from every result at any depth, whatever the policy says.
 pub const BUILTIN_DENY_FIELDS: &[&str] = &[
@@ -130,7 +131,7 @@ impl ResultTooLarge {
     /// `INVALID_ARGUMENT`, reason `RESULT_TOO_LARGE`, on `field`, with metadata `max_bytes`.
     pub fn into_error(self, field: &'static str) -> JournalError {
         JournalError::InvalidArgument {
-            reason: "RESULT_TOO_LARGE",
+            reason: ErrorReason::ResultTooLarge,
             violation: FieldViolation::new(
                 field,
                 format!(

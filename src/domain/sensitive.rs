@@ -56,6 +56,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::error::{FieldViolation, JournalError};
 use super::model::OperationKey;
+use opjournal_client::ErrorReason;
 
 /// What kind of sensitive data a key appears to contain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +100,7 @@ pub fn check_key(key: &OperationKey) -> Result<(), JournalError> {
     match find_sensitive_data(key.as_str()) {
         None => Ok(()),
         Some(kind) => Err(JournalError::InvalidArgument {
-            reason: "KEY_CONTAINS_SENSITIVE_DATA",
+            reason: ErrorReason::KeyContainsSensitiveData,
             violation: FieldViolation::new(
                 "operation_key",
                 format!(
@@ -125,7 +126,7 @@ pub fn check_key_form(key: &OperationKey) -> Result<(), JournalError> {
         return Ok(());
     }
     Err(JournalError::InvalidArgument {
-        reason: "INVALID_OPERATION_KEY",
+        reason: ErrorReason::InvalidOperationKey,
         violation: FieldViolation::new(
             "operation_key",
             "must not begin or end with whitespace: providers receive keys in HTTP headers, \
@@ -530,7 +531,7 @@ pub fn check_pattern(key: &OperationKey, pattern: &KeyPattern) -> Result<(), Jou
         return Ok(());
     }
     Err(JournalError::invalid(
-        "KEY_PATTERN_MISMATCH",
+        ErrorReason::KeyPatternMismatch,
         FieldViolation::new(
             "operation_key",
             "does not match the key_pattern of its action type in the policy file",

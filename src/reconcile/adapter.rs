@@ -28,52 +28,7 @@ pub struct LookupRequest {
     pub references: BTreeMap<String, String>,
 }
 
-/// What a provider said.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Observation {
-    /// The effect exists and completed.
-    Succeeded {
-        /// Provider's id of the effect.
-        external_id: Option<String>,
-        /// The result the adapter found, canonical JSON text (the http adapter: the provider's
-        /// whole answer). The reconciler applies the action's result rules (deny-list,
-        /// `result.keep`, size) before anything is stored, and keeps only the sanitized text
-        /// in its report.
-        result_json: Option<String>,
-    },
-    /// The operation exists and failed definitively.
-    Failed {
-        /// Short machine code.
-        code: String,
-    },
-    /// The operation exists but has not finished.
-    Pending,
-    /// Not found; `search_complete` says whether the provider guarantees its search is
-    /// complete (absence still proves nothing inside the grace window).
-    NotFound {
-        /// Whether the search is declared complete.
-        search_complete: bool,
-    },
-    /// The lookup itself failed; nothing was learned.
-    LookupFailed {
-        /// Short machine code, e.g. `timeout` or `http_500`.
-        code: String,
-    },
-}
-
-impl Observation {
-    /// Its kind, for metrics and spans: `succeeded`, `failed`, `pending`, `not_found`,
-    /// `lookup_failed`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Succeeded { .. } => "succeeded",
-            Self::Failed { .. } => "failed",
-            Self::Pending => "pending",
-            Self::NotFound { .. } => "not_found",
-            Self::LookupFailed { .. } => "lookup_failed",
-        }
-    }
-}
+pub use crate::domain::transition::Observation;
 
 /// A way to look operations up at one provider. The reconciler calls it inside the lookup's
 /// client span: an adapter passes that span's W3C trace context on to the provider
@@ -158,7 +113,7 @@ impl HttpAdapter {
     ///
     /// Errors: a message naming the missing variable or the bad header.
     pub fn new(config: HttpAdapterConfig) -> Result<Self, String> {
-        crate::app::install_crypto_provider();
+        install_crypto_provider();
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, source) in &config.headers {
             let value = std::env::var(&source.env).map_err(|_| {
@@ -335,4 +290,10 @@ impl ProviderAdapter for HttpAdapter {
             },
         }
     }
+}
+
+/// Installs ring as the process's rustls crypto provider (HTTPS to providers), once; a
+/// provider installed earlier by the embedding program is kept.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }

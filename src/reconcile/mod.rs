@@ -22,7 +22,6 @@ pub mod grpc;
 mod review;
 pub mod worker;
 
-use chrono::{DateTime, TimeDelta, Utc};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,13 +29,14 @@ use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::model::{
     Attribution, ExternalId, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
 };
-use crate::domain::policy::{ActionPolicy, OnUnresolved, Policy, ResultSource};
+use crate::domain::policy::{ActionPolicy, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
 use crate::journal::{PageToken, RequestLimits, page_limit};
 use crate::store::{JournalStore, Resolution};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
+use opjournal_client::ErrorReason;
 use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -436,7 +436,7 @@ impl Reconciler {
         let mut resolution = review::resolution(decision, &self.limits)?;
         if expected_attempt < 1 {
             return Err(JournalError::invalid(
-                "INVALID_EXPECTED_ATTEMPT",
+                ErrorReason::InvalidExpectedAttempt,
                 FieldViolation::new(
                     "expected_attempt_count",
                     "must be the attempt_count of the operation as you saw it",
@@ -627,69 +627,7 @@ fn lookup_request(record: &OperationRecord) -> LookupRequest {
     }
 }
 
-/// When the outcome became unknown: the grace window and the escalation deadline count from
-/// here.
-fn unknown_since(record: &OperationRecord) -> DateTime<Utc> {
-    record
-        .unknown_since
-        .or(record.lease_until)
-        .unwrap_or(record.updated_at)
-}
-
-/// Decides what an observation means for `record` under `action`'s schedule; `jitter_unit`
-/// is a random draw in [0, 1).
-pub fn resolution_for(
-    record: &OperationRecord,
-    action: &ActionPolicy,
-    observation: &Observation,
-    jitter_unit: f64,
-) -> Resolution {
-    let lookups = u32::try_from(record.reconcile_attempts.saturating_add(1)).unwrap_or(1);
-    let next_check_after = action.reconcile.backoff_with_jitter(lookups, jitter_unit);
-    let keep = || {
-        let escalates = action.on_unresolved == OnUnresolved::RequireHumanReview;
-        let deadline = action
-            .unknown_after_seconds
-            .filter(|_| escalates)
-            .map(|s| unknown_since(record) + TimeDelta::seconds(i64::from(s)));
-        match deadline {
-            Some(deadline) if record.observed_at >= deadline => Resolution::Escalate {
-                reason: "unresolved_after_deadline".into(),
-            },
-            // Never look later than the deadline: escalation happens on time.
-            Some(deadline) => Resolution::KeepUnknown {
-                next_check_after: next_check_after
-                    .min((deadline - record.observed_at).to_std().unwrap_or_default()),
-            },
-            None => Resolution::KeepUnknown { next_check_after },
-        }
-    };
-    match observation {
-        Observation::Succeeded {
-            external_id,
-            result_json,
-        } => Resolution::Succeeded {
-            external_id: external_id.clone(),
-            result_json: result_json.clone(),
-        },
-        Observation::Failed { code } => Resolution::FailedFinal {
-            error_code: code.clone(),
-        },
-        Observation::NotFound {
-            search_complete: true,
-        } if grace_has_passed(record, action) => Resolution::ReleaseForRetry,
-        Observation::NotFound { .. } | Observation::Pending | Observation::LookupFailed { .. } => {
-            keep()
-        }
-    }
-}
-
-/// Whether the absence grace window has passed since the outcome became unknown, by the
-/// database clock.
-fn grace_has_passed(record: &OperationRecord, action: &ActionPolicy) -> bool {
-    let grace = TimeDelta::seconds(i64::from(action.reconcile.absence_grace_seconds));
-    record.observed_at >= unknown_since(record) + grace
-}
+pub use crate::domain::transition::resolution_for;
 
 fn action_of(resolution: &Resolution) -> ReconcileAction {
     match resolution {

@@ -7,6 +7,7 @@ use crate::journal::RequestLimits;
 use crate::store::Resolution;
 
 use super::ReviewDecision;
+use opjournal_client::ErrorReason;
 
 /// Who decided and why: reviewer 1-200 characters, reason 1-500, no control characters.
 pub(super) fn attribution(reviewer: &str, reason: &str) -> Result<Attribution, JournalError> {
@@ -14,7 +15,7 @@ pub(super) fn attribution(reviewer: &str, reason: &str) -> Result<Attribution, J
         let chars = value.chars().count();
         if chars == 0 || chars > max || value.chars().any(char::is_control) {
             Err(JournalError::invalid(
-                "INVALID_REVIEW",
+                ErrorReason::InvalidReview,
                 FieldViolation::new(
                     field,
                     format!("is required: 1 to {max} characters without control characters"),
@@ -54,7 +55,11 @@ pub(super) fn resolution(
                     max_depth: request_limits.max_json_depth,
                 };
                 let value = canonical::parse_strict(&result_json, &limits).map_err(|e| {
-                    JournalError::invalid_json("succeeded.result_json", "INVALID_RESULT", &e)
+                    JournalError::invalid_json(
+                        "succeeded.result_json",
+                        ErrorReason::InvalidResult,
+                        &e,
+                    )
                 })?;
                 Some(canonical::canonicalize(&value))
             };
@@ -66,7 +71,7 @@ pub(super) fn resolution(
         ReviewDecision::FailedFinal { error_code } => {
             let code = ErrorCode::parse_optional(&error_code)?.ok_or_else(|| {
                 JournalError::invalid(
-                    "INVALID_FIELD_LENGTH",
+                    ErrorReason::InvalidFieldLength,
                     FieldViolation::new("failed_final.error_code", "is required"),
                 )
             })?;

@@ -1,20 +1,21 @@
 //! Persistence of the journal behind one trait, so that every backend honours one contract:
 //! atomic register-and-claim, compare-and-set transitions, database-clock leases.
 //!
-//! Two backends implement it: [`PgStore`] (Postgres, any number of servers and workers) and
-//! [`SqliteStore`] (one embedded file, one node). [`Database`] picks one from the URL's
-//! scheme and carries what only a backend can do: prepare its schema and close.
+//! One implementation, [`SqlStore`], serves both backends from one set of `.sql` files
+//! (`src/store/sql/`): [`PgStore`] (Postgres, any number of servers and workers) and
+//! [`SqliteStore`] (one embedded file, one node) differ only in their [`sql::Dialect`].
+//! [`Database`] picks one from the URL's scheme and carries what only a backend can do:
+//! prepare its schema and close.
 //!
 //! Every method is a single statement (one round trip, one commit): no transaction is ever
 //! held open across anything slow. Methods that change a row take the state the caller
 //! read and return `None` when the row no longer matches it; the caller decides what that
-//! means. Two methods have a default built from two others ([`JournalStore::register`],
-//! [`JournalStore::settle_with_previous`]): a backend that can answer them in one statement
-//! (Postgres) overrides them; the default costs two statements.
+//! means. On SQLite, [`JournalStore::register`] and [`JournalStore::settle_with_previous`]
+//! take two statements (Postgres answers each in one).
 
 pub mod copy;
-pub mod instrumented;
 pub mod postgres;
+pub mod sql;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
@@ -29,12 +30,13 @@ use crate::domain::canonical::RequestHash;
 use crate::domain::error::JournalError;
 use crate::domain::lease::LeaseToken;
 use crate::domain::model::{
-    ActionType, Attribution, ErrorCode, ExternalId, Namespace, OperationEvent, OperationKey,
-    OperationRecord, Status,
+    ActionType, Attribution, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
 };
 
-pub use instrumented::InstrumentedStore;
+pub use crate::domain::transition::{Resolution, Settlement};
+pub use crate::telemetry::metrics::BacklogStats;
 pub use postgres::PgStore;
+pub use sql::{Clock, SqlStore};
 pub use sqlite::SqliteStore;
 
 /// The storage backend a database URL selects.
@@ -143,6 +145,30 @@ impl Database {
         }
     }
 
+    /// This database, its stores counting failed statements in `metrics`.
+    pub fn with_metrics(self, metrics: crate::telemetry::Metrics) -> Self {
+        match self {
+            Self::Postgres(store) => Self::Postgres(store.with_metrics(metrics)),
+            Self::Sqlite(store) => Self::Sqlite(store.with_metrics(metrics)),
+        }
+    }
+
+    /// This database, its statements reading `clock` (shared with another, in tests).
+    pub fn with_clock(self, clock: Clock) -> Self {
+        match self {
+            Self::Postgres(store) => Self::Postgres(store.with_clock(clock)),
+            Self::Sqlite(store) => Self::Sqlite(store.with_clock(clock)),
+        }
+    }
+
+    /// The clock of its statements: the database's, unless a test moves it.
+    pub fn clock(&self) -> &Clock {
+        match self {
+            Self::Postgres(store) => store.clock(),
+            Self::Sqlite(store) => store.clock(),
+        }
+    }
+
     /// Closes the pool, waiting for statements in flight.
     pub async fn close(&self) {
         match self {
@@ -197,63 +223,6 @@ pub struct NewOperation {
     pub trace_context: Option<String>,
 }
 
-/// A lease holder's report.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Settlement {
-    /// Confirmed success -> `succeeded`.
-    Succeeded {
-        /// Provider's id of the effect.
-        external_id: Option<ExternalId>,
-        /// Canonical JSON text of the result, if any.
-        result_json: Option<String>,
-    },
-    /// Confirmed rejection with no effect -> `failed_final`.
-    FailedFinal {
-        /// Why.
-        error_code: ErrorCode,
-    },
-    /// Outcome not known -> `unknown`; first lookup after `first_check_after`.
-    Unknown {
-        /// Why, if known.
-        error_code: Option<ErrorCode>,
-        /// Delay before the first reconcile lookup.
-        first_check_after: Duration,
-    },
-}
-
-impl Settlement {
-    /// The status this report moves the operation to.
-    pub fn target_status(&self) -> Status {
-        match self {
-            Self::Succeeded { .. } => Status::Succeeded,
-            Self::FailedFinal { .. } => Status::FailedFinal,
-            Self::Unknown { .. } => Status::Unknown,
-        }
-    }
-
-    /// Whether `row` already holds exactly this outcome (a retried report).
-    pub fn already_recorded_in(&self, row: &OperationRecord) -> bool {
-        match self {
-            // The same success: the same provider id, and the same result unless the row was
-            // settled by someone else (a reconcile keeps only the provider's kept fields).
-            Self::Succeeded {
-                external_id,
-                result_json,
-            } => {
-                row.status == Status::Succeeded
-                    && row.external_id.as_deref() == external_id.as_ref().map(ExternalId::as_str)
-                    && (row.result_json == *result_json
-                        || row.last_actor_kind != crate::domain::model::ActorKind::Client)
-            }
-            Self::FailedFinal { error_code } => {
-                row.status == Status::FailedFinal
-                    && row.error_code.as_deref() == Some(error_code.as_str())
-            }
-            Self::Unknown { .. } => row.status == Status::Unknown,
-        }
-    }
-}
-
 /// The answer of [`JournalStore::register`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Registration {
@@ -278,37 +247,6 @@ pub struct Settled {
     pub previous: Status,
 }
 
-/// What a reconcile lookup established, to apply with compare-and-set.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Resolution {
-    /// The provider has the effect -> `succeeded`.
-    Succeeded {
-        /// Provider's id of the effect.
-        external_id: Option<String>,
-        /// Canonical JSON text of the kept result fields.
-        result_json: Option<String>,
-    },
-    /// The provider rejected the operation definitively -> `failed_final`.
-    FailedFinal {
-        /// Why.
-        error_code: String,
-    },
-    /// Proven absent -> `pending`, same key, so the next Begin executes again.
-    ReleaseForRetry,
-    /// Not provable automatically -> stays `unknown`, marked for human review, never looked
-    /// up or retried automatically again.
-    Escalate {
-        /// Why: `unresolved_after_deadline` or `no_provider_lookup`.
-        reason: String,
-    },
-    /// Still not known -> `unknown`; look again after the delay (unless under review). The
-    /// holder's error code is kept; what the lookup saw goes to the history.
-    KeepUnknown {
-        /// Delay before the next lookup.
-        next_check_after: Duration,
-    },
-}
-
 /// Filters and position for listing operations.
 #[derive(Debug, Clone)]
 pub struct ListQuery {
@@ -324,34 +262,13 @@ pub struct ListQuery {
     pub limit: i64,
 }
 
-/// The work waiting for the reconcile path and for people, for the backlog gauges of
-/// [`crate::telemetry::metrics`].
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct BacklogStats {
-    /// Operations in `unknown`, those waiting for review included.
-    pub unknown: u64,
-    /// How long the oldest unknown operation has been unknown (since `unknown_since`), by the
-    /// database clock; `None` when no operation is unknown.
-    pub oldest_unknown_age: Option<Duration>,
-    /// Operations waiting for human review (`review_required_at` set).
-    pub review_queue: u64,
-}
+/// [`JournalStore::backlog_stats`] feeds the backlog gauges.
+#[async_trait]
+impl<T: JournalStore + ?Sized> crate::telemetry::metrics::BacklogSource for T {
+    type Error = StoreError;
 
-impl BacklogStats {
-    /// From the backlog statement's three columns: counts, and the oldest unknown operation's
-    /// age in seconds (`None` when none is unknown; a clock step may make it slightly negative).
-    pub fn from_columns(
-        unknown: i64,
-        oldest_unknown_seconds: Option<f64>,
-        review_queue: i64,
-    ) -> Self {
-        Self {
-            unknown: u64::try_from(unknown).unwrap_or(0),
-            oldest_unknown_age: oldest_unknown_seconds
-                .filter(|s| s.is_finite())
-                .map(|s| Duration::from_secs_f64(s.max(0.0))),
-            review_queue: u64::try_from(review_queue).unwrap_or(0),
-        }
+    async fn backlog(&self) -> Result<BacklogStats, StoreError> {
+        self.backlog_stats().await
     }
 }
 
@@ -369,18 +286,7 @@ pub trait JournalStore: Send + Sync + 'static {
     /// already exists, answers its row in the same call: [`Registration::Inserted`] with the
     /// new row, [`Registration::Existing`] with the existing row (nothing is changed), or
     /// [`Registration::Raced`] when the existing row could not be read (see there).
-    ///
-    /// The default is `insert_and_claim`, then `get` when the key exists (two statements);
-    /// Postgres answers in one.
-    async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
-        if let Some(record) = self.insert_and_claim(new).await? {
-            return Ok(Registration::Inserted(record));
-        }
-        Ok(match self.get(&new.namespace, &new.operation_key).await? {
-            Some(row) => Registration::Existing(row),
-            None => Registration::Raced,
-        })
-    }
+    async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError>;
 
     /// Reads one operation with the database clock.
     async fn get(
@@ -413,23 +319,14 @@ pub trait JournalStore: Send + Sync + 'static {
     /// left, read from the version the report changed; `None` when the report does not apply
     /// (nothing is changed).
     ///
-    /// The default reads the row with `get`, then settles (two statements; the status read
-    /// may be older than the one the report changed if another writer came in between, as
-    /// when the caller reads first). Postgres answers in one statement, from the row version
-    /// it changed.
+    /// SQLite reads the row, then settles (the status read may be older than the one the
+    /// report changed if another writer came in between, as when the caller reads first).
+    /// Postgres answers in one statement, from the row version it changed.
     async fn settle_with_previous(
         &self,
         token: &LeaseToken,
         settlement: &Settlement,
-    ) -> Result<Option<Settled>, StoreError> {
-        let Some(before) = self.get(&token.namespace, &token.operation_key).await? else {
-            return Ok(None);
-        };
-        Ok(self.settle(token, settlement).await?.map(|record| Settled {
-            record,
-            previous: before.status,
-        }))
-    }
+    ) -> Result<Option<Settled>, StoreError>;
 
     /// Extends a live lease held by `token` to `lease` from now.
     async fn renew(
@@ -524,9 +421,6 @@ pub trait JournalStore: Send + Sync + 'static {
     /// A new journal's statements are otherwise planned without statistics, and on Postgres
     /// key lookups may then walk a whole namespace through another index until autovacuum's
     /// first analyze (docs/performance.md). Tables analyzed once are left to autovacuum.
-    /// Backends whose planner needs no help keep the default: `None`.
-    async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError> {
-        let _ = min_changes;
-        Ok(None)
-    }
+    /// Backends whose planner needs no help answer `None`.
+    async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError>;
 }

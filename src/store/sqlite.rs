@@ -1,6 +1,7 @@
 //! The embedded backend: the journal in one SQLite file, for one node (development, a single
-//! machine, small deployments). Same contract and observable behaviour as
-//! [`PgStore`](super::PgStore); see docs/storage.md for what it is for and when to move to
+//! machine, small deployments). The same statements as
+//! [`PgStore`](super::PgStore) (`src/store/sql/`), spelled for SQLite, and its own batch
+//! claims and purge (`src/store/sql/sqlite/`); see docs/storage.md for what it is for and when to move to
 //! Postgres.
 //!
 //! How the contract holds on SQLite:
@@ -27,27 +28,18 @@
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
+use sqlx::Arguments as _;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{ConnectOptions as _, Connection as _, QueryBuilder, Row, Sqlite};
-use uuid::Uuid;
+use sqlx::{ConnectOptions as _, Connection as _};
 
-use super::{
-    BacklogStats, JournalStore, ListQuery, NewOperation, Resolution, Settlement, StoreError,
-};
-use crate::domain::canonical::RequestHash;
-use crate::domain::lease::LeaseToken;
-use crate::domain::model::{
-    ActionType, ActorKind, Attribution, Namespace, OperationEvent, OperationKey, OperationRecord,
-    Status,
-};
+use super::sql::{Arg, CountRow, Decoded, Dialect, SqlStore, Statement};
+use super::{Backend, StoreError};
 
 /// The migrations of this backend (`migrations/sqlite/`), embedded in the binary. The
 /// Postgres migrator reads only the files directly in `migrations/`, never this directory.
@@ -60,34 +52,9 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long `prepare` keeps retrying while another process is preparing the same file.
 const PREPARE_PATIENCE: Duration = Duration::from_secs(30);
 
-/// The database clock as stored: UTC, milliseconds, fixed width.
-const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
-
-/// The database clock plus the seconds bound at parameter `param` (e.g. `$5`).
-fn now_plus(param: &str) -> String {
-    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('%+.3f seconds', {param}))")
-}
-
-/// The database clock minus the seconds bound at parameter `param`.
-fn now_minus(param: &str) -> String {
-    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('%+.3f seconds', -({param})))")
-}
-
 /// A time bound into a statement, in the stored form (see [`NOW`]).
 fn stored_time(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-/// Every column of a record, plus the database clock. The one place that names them: a new
-/// column is added here and in [`record_from_row`].
-fn columns() -> String {
-    format!(
-        "namespace, operation_key, action_type, request_hash, status, attempt_count, \
-         external_id, result_json, error_code, lease_until, lease_id, business_references, \
-         unknown_since, next_check_at, reconcile_attempts, created_at, updated_at, \
-         review_required_at, review_reason, last_actor_kind, action_policy, trace_context, \
-         {NOW} AS observed_at"
-    )
 }
 
 /// Why a `sqlite:` URL cannot hold the journal.
@@ -143,13 +110,15 @@ pub fn parse_url(url: &str) -> Result<(PathBuf, SqliteConnectOptions), SqliteUrl
     Ok((file, options))
 }
 
-/// The journal in one SQLite file.
+/// The SQLite dialect of the one SQL store, with the file it opens.
 #[derive(Debug, Clone)]
-pub struct SqliteStore {
-    pool: SqlitePool,
+pub struct Lite {
     file: PathBuf,
-    options: Arc<SqliteConnectOptions>,
+    options: SqliteConnectOptions,
 }
+
+/// The journal in one SQLite file.
+pub type SqliteStore = SqlStore<Lite>;
 
 impl SqliteStore {
     /// Creates a lazily connecting pool of at most `max_connections` on the file `url`
@@ -163,21 +132,12 @@ impl SqliteStore {
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(3))
             .connect_lazy_with(options.clone());
-        Ok(Self {
-            pool,
-            file,
-            options: Arc::new(options),
-        })
-    }
-
-    /// The underlying pool.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        Ok(Self::from_parts(pool, Lite { file, options }))
     }
 
     /// The journal file.
     pub fn file(&self) -> &Path {
-        &self.file
+        &self.extra.file
     }
 
     /// Creates the file's directory and the file if missing, switches it to WAL, and applies
@@ -187,7 +147,12 @@ impl SqliteStore {
     /// Errors: the directory or file cannot be created (`Unavailable`), a migration fails or
     /// the file holds migrations this binary does not know (`Other`).
     pub async fn prepare(&self) -> Result<(), StoreError> {
-        if let Some(dir) = self.file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Some(dir) = self
+            .extra
+            .file
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
             std::fs::create_dir_all(dir).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
         }
         let deadline = tokio::time::Instant::now() + PREPARE_PATIENCE;
@@ -214,7 +179,10 @@ impl SqliteStore {
     }
 
     async fn migrate_once(&self) -> Result<(), StoreError> {
-        let mut conn = SqliteConnectOptions::clone(&self.options)
+        let mut conn = self
+            .extra
+            .options
+            .clone()
             .create_if_missing(true)
             .connect()
             .await
@@ -226,26 +194,6 @@ impl SqliteStore {
         })?;
         tx.commit().await.map_err(classify)?;
         conn.close().await.map_err(classify)
-    }
-
-    async fn fetch_optional(
-        &self,
-        query: sqlx::query::Query<'_, Sqlite, sqlx::sqlite::SqliteArguments>,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        query
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(classify)?
-            .map(|row| record_from_row(&row))
-            .transpose()
-    }
-
-    async fn fetch_all(
-        &self,
-        query: sqlx::query::Query<'_, Sqlite, sqlx::sqlite::SqliteArguments>,
-    ) -> Result<Vec<OperationRecord>, StoreError> {
-        let rows = query.fetch_all(&self.pool).await.map_err(classify)?;
-        rows.iter().map(record_from_row).collect()
     }
 }
 
@@ -285,594 +233,97 @@ fn is_busy(error: &StoreError) -> bool {
     }
 }
 
-fn corrupt(what: &str) -> StoreError {
-    StoreError::Other(format!("corrupt journal row: {what}").into())
-}
-
-fn record_from_row(row: &SqliteRow) -> Result<OperationRecord, StoreError> {
-    let get_err = |e: sqlx::Error| StoreError::Other(Box::new(e));
-    let status: String = row.try_get("status").map_err(get_err)?;
-    let hash: String = row.try_get("request_hash").map_err(get_err)?;
-    let namespace: String = row.try_get("namespace").map_err(get_err)?;
-    let key: String = row.try_get("operation_key").map_err(get_err)?;
-    let action: String = row.try_get("action_type").map_err(get_err)?;
-    let references: String = row.try_get("business_references").map_err(get_err)?;
-    let lease_id: Option<String> = row.try_get("lease_id").map_err(get_err)?;
-    Ok(OperationRecord {
-        namespace: Namespace::parse(&namespace).map_err(|_| corrupt("namespace"))?,
-        operation_key: OperationKey::parse(&key).map_err(|_| corrupt("operation_key"))?,
-        action_type: ActionType::parse(&action).map_err(|_| corrupt("action_type"))?,
-        request_hash: RequestHash::from_hex(&hash).ok_or_else(|| corrupt("request_hash"))?,
-        status: Status::from_db(&status).ok_or_else(|| corrupt("status"))?,
-        attempt_count: row.try_get("attempt_count").map_err(get_err)?,
-        lease_id: lease_id
-            .map(|id| Uuid::parse_str(&id).map_err(|_| corrupt("lease_id")))
-            .transpose()?,
-        lease_until: row.try_get("lease_until").map_err(get_err)?,
-        external_id: row.try_get("external_id").map_err(get_err)?,
-        result_json: row.try_get("result_json").map_err(get_err)?,
-        error_code: row.try_get("error_code").map_err(get_err)?,
-        references: serde_json::from_str(&references)
-            .map_err(|_| corrupt("business_references"))?,
-        unknown_since: row.try_get("unknown_since").map_err(get_err)?,
-        next_check_at: row.try_get("next_check_at").map_err(get_err)?,
-        reconcile_attempts: row.try_get("reconcile_attempts").map_err(get_err)?,
-        review_required_at: row.try_get("review_required_at").map_err(get_err)?,
-        review_reason: row.try_get("review_reason").map_err(get_err)?,
-        action_policy: {
-            let stored: Option<String> = row.try_get("action_policy").map_err(get_err)?;
-            // A policy recorded by a newer version may not parse here: fall back to the
-            // current file for it rather than fail the operation.
-            stored.and_then(|text| serde_json::from_str(&text).ok())
-        },
-        last_actor_kind: {
-            let kind: String = row.try_get("last_actor_kind").map_err(get_err)?;
-            ActorKind::from_db(&kind).ok_or_else(|| corrupt("last_actor_kind"))?
-        },
-        trace_context: row.try_get("trace_context").map_err(get_err)?,
-        created_at: row.try_get("created_at").map_err(get_err)?,
-        updated_at: row.try_get("updated_at").map_err(get_err)?,
-        observed_at: row.try_get("observed_at").map_err(get_err)?,
-    })
-}
-
-fn event_from_row(row: &SqliteRow) -> Result<OperationEvent, StoreError> {
-    let get_err = |e: sqlx::Error| StoreError::Other(Box::new(e));
-    let from: Option<String> = row.try_get("from_status").map_err(get_err)?;
-    let to: String = row.try_get("to_status").map_err(get_err)?;
-    let kind: String = row.try_get("actor_kind").map_err(get_err)?;
-    Ok(OperationEvent {
-        event_id: row.try_get("event_id").map_err(get_err)?,
-        from_status: from
-            .map(|s| Status::from_db(&s).ok_or_else(|| corrupt("from_status")))
-            .transpose()?,
-        to_status: Status::from_db(&to).ok_or_else(|| corrupt("to_status"))?,
-        attempt_count: row.try_get("attempt_count").map_err(get_err)?,
-        review_required: row.try_get("review").map_err(get_err)?,
-        actor_kind: ActorKind::from_db(&kind).ok_or_else(|| corrupt("actor_kind"))?,
-        actor: row.try_get("actor").map_err(get_err)?,
-        reason: row.try_get("reason").map_err(get_err)?,
-        occurred_at: row.try_get("occurred_at").map_err(get_err)?,
-    })
-}
-
-/// SQL assembled in this file from constant fragments only; every value is bound.
-fn trusted(sql: String) -> sqlx::AssertSqlSafe<String> {
-    sqlx::AssertSqlSafe(sql)
-}
-
-fn truncate(text: &str, chars: usize) -> String {
-    text.chars().take(chars).collect()
-}
-
-fn seconds(duration: Duration) -> f64 {
-    duration.as_secs_f64()
-}
-
-fn json_text(value: &impl serde::Serialize) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|e| StoreError::Other(Box::new(e)))
-}
-
-#[async_trait]
-impl JournalStore for SqliteStore {
-    async fn insert_and_claim(
-        &self,
-        new: &NewOperation,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let sql = format!(
-            "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
-                 status, attempt_count, lease_until, lease_id, business_references, \
-                 last_actor_kind, last_actor, last_reason, action_policy, trace_context, \
-                 created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, 'in_progress', 1, {lease_until}, $6, $7, 'client', '', \
-                 'registered', $8, $9, {NOW}, {NOW}) \
-             ON CONFLICT (namespace, operation_key) DO NOTHING \
-             RETURNING {columns}",
-            lease_until = now_plus("$5"),
-            columns = columns(),
-        );
-        self.fetch_optional(
-            sqlx::query(trusted(sql))
-                .bind(new.namespace.as_str())
-                .bind(new.operation_key.as_str())
-                .bind(new.action_type.as_str())
-                .bind(new.request_hash.to_hex())
-                .bind(seconds(new.lease))
-                .bind(new.lease_id.hyphenated().to_string())
-                .bind(json_text(&new.references)?)
-                .bind(json_text(&new.action_policy)?)
-                .bind(new.trace_context.as_deref()),
-        )
-        .await
-    }
-
-    async fn get(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let sql = format!(
-            "SELECT {} FROM agent_operations WHERE namespace = $1 AND operation_key = $2",
-            columns()
-        );
-        self.fetch_optional(
-            sqlx::query(trusted(sql))
-                .bind(namespace.as_str())
-                .bind(key.as_str()),
-        )
-        .await
-    }
-
-    async fn claim(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        expected_status: Status,
-        expected_attempt: i32,
-        lease: Duration,
-        lease_id: Uuid,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let sql = format!(
-            "UPDATE agent_operations \
-             SET status = 'in_progress', attempt_count = attempt_count + 1, \
-                 lease_until = {lease_until}, lease_id = $6, \
-                 error_code = NULL, unknown_since = NULL, next_check_at = NULL, \
-                 last_actor_kind = 'client', last_actor = '', outcome_reported = FALSE, \
-                 last_reason = CASE WHEN status = 'pending' THEN 'claimed' \
-                                    ELSE 'reclaimed_with_same_key' END, \
-                 updated_at = {NOW} \
-             WHERE namespace = $1 AND operation_key = $2 \
-               AND status = $3 AND attempt_count = $4 \
-               AND review_required_at IS NULL \
-               AND (status <> 'in_progress' OR lease_until <= {NOW}) \
-             RETURNING {columns}",
-            lease_until = now_plus("$5"),
-            columns = columns(),
-        );
-        self.fetch_optional(
-            sqlx::query(trusted(sql))
-                .bind(namespace.as_str())
-                .bind(key.as_str())
-                .bind(expected_status.as_str())
-                .bind(expected_attempt)
-                .bind(seconds(lease))
-                .bind(lease_id.hyphenated().to_string()),
-        )
-        .await
-    }
-
-    async fn settle(
-        &self,
-        token: &LeaseToken,
-        settlement: &Settlement,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        // The holder of an attempt reports once, while no later attempt exists: from
-        // in_progress (even after its lease ended), or from unknown or pending when the sweep
-        // or a release, not the holder, put it there.
-        let fence = "last_actor_kind = 'client', last_actor = '', outcome_reported = TRUE \
-                     WHERE namespace = $1 AND operation_key = $2 \
-                     AND attempt_count = $3 AND lease_id = $4 \
-                     AND (status = 'in_progress' \
-                          OR (status IN ('unknown', 'pending') AND NOT outcome_reported))";
-        let columns = columns();
-        let sql = match settlement {
-            Settlement::Succeeded { .. } => format!(
-                "UPDATE agent_operations SET status = 'succeeded', external_id = $5, \
-                     result_json = $6, error_code = NULL, lease_until = NULL, \
-                     unknown_since = NULL, next_check_at = NULL, updated_at = {NOW}, \
-                     last_reason = 'completed', review_required_at = NULL, \
-                     review_reason = NULL, \
-                 {fence} RETURNING {columns}"
-            ),
-            Settlement::FailedFinal { .. } => format!(
-                "UPDATE agent_operations SET status = 'failed_final', error_code = $5, \
-                     lease_until = NULL, unknown_since = NULL, next_check_at = NULL, \
-                     updated_at = {NOW}, last_reason = $5, review_required_at = NULL, \
-                     review_reason = NULL, \
-                 {fence} RETURNING {columns}"
-            ),
-            Settlement::Unknown { .. } => format!(
-                "UPDATE agent_operations SET status = 'unknown', error_code = $5, \
-                     lease_until = NULL, unknown_since = COALESCE(unknown_since, {NOW}), \
-                     next_check_at = CASE WHEN review_required_at IS NULL \
-                         THEN {next_check} END, \
-                     updated_at = {NOW}, last_reason = $5, \
-                 {fence} RETURNING {columns}",
-                next_check = now_plus("$6"),
-            ),
-        };
-        let query = sqlx::query(trusted(sql))
-            .bind(token.namespace.as_str())
-            .bind(token.operation_key.as_str())
-            .bind(token.attempt)
-            .bind(token.lease_id.hyphenated().to_string());
-        let query = match settlement {
-            Settlement::Succeeded {
-                external_id,
-                result_json,
-            } => query
-                .bind(external_id.as_ref().map(|id| id.as_str().to_owned()))
-                .bind(result_json.clone()),
-            Settlement::FailedFinal { error_code } => query.bind(error_code.as_str().to_owned()),
-            Settlement::Unknown {
-                error_code,
-                first_check_after,
-            } => query
-                .bind(error_code.as_ref().map(|c| c.as_str().to_owned()))
-                .bind(seconds(*first_check_after)),
-        };
-        self.fetch_optional(query).await
-    }
-
-    async fn renew(
-        &self,
-        token: &LeaseToken,
-        lease: Duration,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let sql = format!(
-            "UPDATE agent_operations \
-             SET lease_until = {lease_until}, updated_at = {NOW} \
-             WHERE namespace = $1 AND operation_key = $2 AND attempt_count = $3 \
-               AND lease_id = $4 AND status = 'in_progress' AND lease_until > {NOW} \
-             RETURNING {columns}",
-            lease_until = now_plus("$5"),
-            columns = columns(),
-        );
-        self.fetch_optional(
-            sqlx::query(trusted(sql))
-                .bind(token.namespace.as_str())
-                .bind(token.operation_key.as_str())
-                .bind(token.attempt)
-                .bind(token.lease_id.hyphenated().to_string())
-                .bind(seconds(lease)),
-        )
-        .await
-    }
-
-    async fn list(&self, query: &ListQuery) -> Result<Vec<OperationRecord>, StoreError> {
-        let mut sql: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-            "SELECT {} FROM agent_operations WHERE namespace = ",
-            columns()
-        ));
-        sql.push_bind(query.namespace.as_str());
-        if let Some(status) = query.status {
-            sql.push(" AND status = ").push_bind(status.as_str());
+fn arguments(args: Vec<Arg>) -> Result<SqliteArguments, StoreError> {
+    let mut out = SqliteArguments::default();
+    for arg in args {
+        match arg {
+            Arg::Text(value) => out.add(value),
+            Arg::Int(value) => out.add(value),
+            Arg::Float(value) => out.add(value),
         }
-        if let Some(action) = &query.action_type {
-            sql.push(" AND action_type = ").push_bind(action.as_str());
+        .map_err(StoreError::Other)?;
+    }
+    Ok(out)
+}
+
+/// The database clock as stored: UTC, milliseconds, fixed width.
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', coalesce($1, 'now')";
+
+impl Dialect for Lite {
+    type Pool = SqlitePool;
+    const BACKEND: Backend = Backend::Sqlite;
+    const REGISTER: Option<&'static str> = None;
+    const SETTLE_WITH_PREVIOUS: Option<&'static str> = None;
+    const SWEEP: &'static str = include_str!("sql/sqlite/sweep.sql");
+    const CLAIM_DUE: &'static str = include_str!("sql/sqlite/claim_due.sql");
+    // Reads the schema, so that a file that is missing or not yet prepared is not ready.
+    const PING: &'static str = "SELECT 1 FROM agent_operations LIMIT 0";
+
+    fn token(token: &str, arg: &str) -> String {
+        match token {
+            "now" => format!("{NOW})"),
+            "now+" => format!("{NOW}, printf('%+.3f seconds', {arg}))"),
+            "now-" => format!("{NOW}, printf('%+.3f seconds', -({arg})))"),
+            "uuid" | "json" | "hash" | "time" | "text" => arg.to_owned(),
+            "dbnow" => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')".to_owned(),
+            "age" => format!(
+                "(julianday(strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) - julianday({arg})) * 86400.0"
+            ),
+            other => panic!("unknown statement token {other}"),
         }
-        if let Some((created_at, key)) = &query.after {
-            sql.push(" AND (created_at, operation_key) < (")
-                .push_bind(stored_time(*created_at))
-                .push(", ")
-                .push_bind(key.as_str())
-                .push(")");
-        }
-        sql.push(" ORDER BY created_at DESC, operation_key DESC LIMIT ")
-            .push_bind(query.limit);
-        let rows = sql.build().fetch_all(&self.pool).await.map_err(classify)?;
-        rows.iter().map(record_from_row).collect()
     }
 
-    async fn resolve(
-        &self,
-        expected: &OperationRecord,
-        resolution: &Resolution,
-        attribution: &Attribution,
-        lookup_made: bool,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let clear_review = "review_required_at = NULL, review_reason = NULL";
-        let set = match resolution {
-            Resolution::Succeeded { .. } => format!(
-                "status = 'succeeded', external_id = COALESCE($8, external_id), \
-                 result_json = $9, error_code = NULL, lease_until = NULL, \
-                 unknown_since = NULL, next_check_at = NULL, {clear_review}"
-            ),
-            Resolution::FailedFinal { .. } => format!(
-                "status = 'failed_final', error_code = $8, lease_until = NULL, \
-                 unknown_since = NULL, next_check_at = NULL, {clear_review}"
-            ),
-            Resolution::ReleaseForRetry => format!(
-                "status = 'pending', lease_until = NULL, \
-                 error_code = 'released_for_retry', unknown_since = NULL, \
-                 next_check_at = NULL, {clear_review}"
-            ),
-            // An operation waiting for review is never scheduled again automatically.
-            Resolution::KeepUnknown { .. } => format!(
-                "status = 'unknown', \
-                 unknown_since = COALESCE(unknown_since, lease_until, {NOW}), \
-                 lease_until = NULL, \
-                 next_check_at = CASE WHEN review_required_at IS NULL THEN {next_check} END",
-                next_check = now_plus("$8"),
-            ),
-            Resolution::Escalate { .. } => format!(
-                "status = 'unknown', \
-                 unknown_since = COALESCE(unknown_since, lease_until, {NOW}), \
-                 lease_until = NULL, next_check_at = NULL, \
-                 review_required_at = COALESCE(review_required_at, {NOW}), \
-                 review_reason = COALESCE(review_reason, $8)"
-            ),
-        };
-        let sql = format!(
-            "UPDATE agent_operations SET {set}, reconcile_lease_until = NULL, \
-                 reconcile_attempts = reconcile_attempts + $5, \
-                 last_actor_kind = $6, last_actor = $7, last_reason = $10, \
-                 updated_at = {NOW} \
-             WHERE namespace = $1 AND operation_key = $2 AND status = $3 \
-               AND attempt_count = $4 \
-               AND (status <> 'in_progress' OR lease_until <= {NOW}) \
-             RETURNING {columns}",
-            columns = columns(),
-        );
-        let query = sqlx::query(trusted(sql))
-            .bind(expected.namespace.as_str())
-            .bind(expected.operation_key.as_str())
-            .bind(expected.status.as_str())
-            .bind(expected.attempt_count)
-            .bind(i32::from(lookup_made))
-            .bind(attribution.kind.as_str())
-            .bind(truncate(&attribution.actor, 200));
-        let query = match resolution {
-            Resolution::Succeeded {
-                external_id,
-                result_json,
-            } => query.bind(external_id.clone()).bind(result_json.clone()),
-            Resolution::FailedFinal { error_code } => {
-                query.bind(error_code.clone()).bind(None::<String>)
-            }
-            Resolution::ReleaseForRetry => query.bind(None::<String>).bind(None::<String>),
-            Resolution::KeepUnknown { next_check_after } => {
-                query.bind(seconds(*next_check_after)).bind(None::<String>)
-            }
-            Resolution::Escalate { reason } => query.bind(reason.clone()).bind(None::<String>),
-        };
-        let query = query.bind(attribution.reason.as_deref().map(|r| truncate(r, 500)));
-        self.fetch_optional(query).await
+    fn time_text(at: DateTime<Utc>) -> String {
+        stored_time(at)
     }
 
-    async fn sweep_expired_leases(&self, limit: i64, worker: &str) -> Result<u64, StoreError> {
-        // One statement: the batch is chosen under the write lock, so two sweepers never
-        // move one row twice, and the outer WHERE repeats the condition for clarity.
-        let sql = format!(
-            "UPDATE agent_operations \
-             SET status = 'unknown', error_code = 'lease_expired', \
-                 unknown_since = lease_until, lease_until = NULL, \
-                 next_check_at = {NOW}, updated_at = {NOW}, \
-                 last_actor_kind = 'worker', last_actor = $2, last_reason = 'lease_expired' \
-             WHERE rowid IN ( \
-                 SELECT rowid FROM agent_operations \
-                 WHERE status = 'in_progress' AND lease_until < {NOW} \
-                 ORDER BY lease_until LIMIT $1) \
-               AND status = 'in_progress' AND lease_until < {NOW}"
-        );
-        let result = sqlx::query(trusted(sql))
-            .bind(limit)
-            .bind(truncate(worker, 200))
-            .execute(&self.pool)
-            .await
-            .map_err(classify)?;
-        Ok(result.rows_affected())
+    async fn fetch<R: Decoded>(
+        pool: &SqlitePool,
+        sql: &str,
+        args: Vec<Arg>,
+    ) -> Result<Vec<R>, StoreError> {
+        let query = sqlx::query_as_with::<_, R, _>(sqlx::AssertSqlSafe(sql), arguments(args)?);
+        query.fetch_all(pool).await.map_err(classify)
     }
 
-    async fn list_review(
-        &self,
-        namespace: &Namespace,
-        after: Option<(DateTime<Utc>, String)>,
-        limit: i64,
-    ) -> Result<Vec<OperationRecord>, StoreError> {
-        let mut sql: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-            "SELECT {} FROM agent_operations \
-             WHERE review_required_at IS NOT NULL AND namespace = ",
-            columns()
-        ));
-        sql.push_bind(namespace.as_str());
-        if let Some((at, key)) = after {
-            sql.push(" AND (review_required_at, operation_key) > (")
-                .push_bind(stored_time(at))
-                .push(", ")
-                .push_bind(key)
-                .push(")");
-        }
-        sql.push(" ORDER BY review_required_at, operation_key LIMIT ")
-            .push_bind(limit);
-        let rows = sql.build().fetch_all(&self.pool).await.map_err(classify)?;
-        rows.iter().map(record_from_row).collect()
+    async fn execute(pool: &SqlitePool, sql: &str, args: Vec<Arg>) -> Result<u64, StoreError> {
+        let query = sqlx::query_with(sqlx::AssertSqlSafe(sql), arguments(args)?);
+        Ok(query.execute(pool).await.map_err(classify)?.rows_affected())
     }
 
-    async fn history(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        after_event_id: i64,
-        limit: i64,
-    ) -> Result<Vec<OperationEvent>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT event_id, from_status, to_status, attempt_count, review, actor_kind, \
-                 actor, reason, occurred_at \
-             FROM operation_events \
-             WHERE namespace = $1 AND operation_key = $2 AND event_id > $3 \
-             ORDER BY event_id LIMIT $4",
-        )
-        .bind(namespace.as_str())
-        .bind(key.as_str())
-        .bind(after_event_id)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(classify)?;
-        rows.iter().map(event_from_row).collect()
-    }
-
-    async fn claim_due(
-        &self,
-        limit: i64,
-        hold: Duration,
-    ) -> Result<Vec<OperationRecord>, StoreError> {
-        // One statement under the write lock: a row claimed here has its reconcile lease set
-        // before any other claimer (this process or another on the file) can read it.
-        let sql = format!(
-            "UPDATE agent_operations \
-             SET next_check_at = {until}, reconcile_lease_until = {until} \
-             WHERE rowid IN ( \
-                 SELECT rowid FROM agent_operations \
-                 WHERE status = 'unknown' AND next_check_at <= {NOW} \
-                   AND (reconcile_lease_until IS NULL OR reconcile_lease_until < {NOW}) \
-                 ORDER BY next_check_at LIMIT $1) \
-             RETURNING {columns}",
-            until = now_plus("$2"),
-            columns = columns(),
-        );
-        self.fetch_all(sqlx::query(trusted(sql)).bind(limit).bind(seconds(hold)))
-            .await
-    }
-
-    async fn claim_for_reconcile(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        hold: Duration,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let sql = format!(
-            "UPDATE agent_operations SET reconcile_lease_until = {until} \
-             WHERE namespace = $1 AND operation_key = $2 \
-               AND (status = 'unknown' OR (status = 'in_progress' AND lease_until <= {NOW})) \
-               AND (reconcile_lease_until IS NULL OR reconcile_lease_until < {NOW}) \
-             RETURNING {columns}",
-            until = now_plus("$3"),
-            columns = columns(),
-        );
-        self.fetch_optional(
-            sqlx::query(trusted(sql))
-                .bind(namespace.as_str())
-                .bind(key.as_str())
-                .bind(seconds(hold)),
-        )
-        .await
-    }
-
-    async fn find_same_request(
-        &self,
-        namespace: &Namespace,
-        action_type: &ActionType,
-        request_hash: &RequestHash,
-        other_than: &OperationKey,
-        window: Duration,
-    ) -> Result<Option<String>, StoreError> {
-        let sql = format!(
-            "SELECT operation_key FROM agent_operations \
-             WHERE namespace = $1 AND action_type = $2 AND request_hash = $3 \
-               AND operation_key <> $4 \
-               AND (status IN ('pending', 'in_progress', 'unknown') \
-                    OR (status = 'succeeded' AND updated_at > {since})) \
-             ORDER BY created_at DESC LIMIT 1",
-            since = now_minus("$5"),
-        );
-        sqlx::query_scalar(trusted(sql))
-            .bind(namespace.as_str())
-            .bind(action_type.as_str())
-            .bind(request_hash.to_hex())
-            .bind(other_than.as_str())
-            .bind(seconds(window))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(classify)
-    }
-
-    async fn purge(&self, limit: i64) -> Result<u64, StoreError> {
-        // SQLite has no data-modifying CTE: the batch, its history and the operations go in
-        // one short write transaction, taken up front so the batch cannot change under it.
-        let mut tx = self
+    /// SQLite has no data-modifying CTE: the batch, its history and the operations go in one
+    /// short write transaction, taken up front so the batch cannot change under it.
+    async fn purge(store: &SqliteStore, limit: i64) -> Result<u64, StoreError> {
+        let select = Statement::new::<Lite>(include_str!("sql/sqlite/purge_select.sql"));
+        let args = arguments(store.args(&select, vec![Arg::Int(limit)]))?;
+        let mut tx = store
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(classify)?;
-        let doomed: Vec<i64> = sqlx::query_scalar(trusted(format!(
-            "SELECT rowid FROM agent_operations \
-             WHERE purge_after < {NOW} AND status IN ('succeeded', 'failed_final') \
-             ORDER BY purge_after LIMIT $1"
-        )))
-        .bind(limit)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(classify)?;
+        let doomed: Vec<CountRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(select.sql()), args)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(classify)?;
         if doomed.is_empty() {
             tx.rollback().await.map_err(classify)?;
             return Ok(0);
         }
-        let doomed = json_text(&doomed)?;
-        sqlx::query(
-            "DELETE FROM operation_events \
-             WHERE (namespace, operation_key) IN ( \
-                 SELECT namespace, operation_key FROM agent_operations \
-                 WHERE rowid IN (SELECT value FROM json_each($1)))",
-        )
-        .bind(&doomed)
-        .execute(&mut *tx)
-        .await
-        .map_err(classify)?;
-        let gone = sqlx::query(
-            "DELETE FROM agent_operations \
-             WHERE rowid IN (SELECT value FROM json_each($1)) \
-               AND status IN ('succeeded', 'failed_final')",
-        )
-        .bind(&doomed)
-        .execute(&mut *tx)
-        .await
-        .map_err(classify)?
-        .rows_affected();
+        let doomed: Vec<i64> = doomed.into_iter().map(|row| row.count).collect();
+        let doomed = serde_json::to_string(&doomed).map_err(|e| StoreError::Other(Box::new(e)))?;
+        sqlx::query(include_str!("sql/sqlite/purge_events.sql"))
+            .bind(&doomed)
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+        let gone = sqlx::query(include_str!("sql/sqlite/purge_operations.sql"))
+            .bind(&doomed)
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?
+            .rows_affected();
         tx.commit().await.map_err(classify)?;
         Ok(gone)
-    }
-
-    async fn backlog_stats(&self) -> Result<BacklogStats, StoreError> {
-        // Each part is answered by a partial index (unknown_since, review_queue), as on
-        // Postgres, so the cost follows the backlog, not the journal.
-        let sql = format!(
-            "SELECT \
-               (SELECT count(*) FROM agent_operations WHERE status = 'unknown') AS unknown, \
-               (SELECT (julianday({NOW}) - julianday(min(unknown_since))) * 86400.0 \
-                  FROM agent_operations WHERE status = 'unknown') AS oldest_unknown_seconds, \
-               (SELECT count(*) FROM agent_operations WHERE review_required_at IS NOT NULL) \
-                  AS review_queue"
-        );
-        let row = sqlx::query(trusted(sql))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(classify)?;
-        let get_err = |e: sqlx::Error| StoreError::Other(Box::new(e));
-        let unknown: i64 = row.try_get("unknown").map_err(get_err)?;
-        let review_queue: i64 = row.try_get("review_queue").map_err(get_err)?;
-        let oldest: Option<f64> = row.try_get("oldest_unknown_seconds").map_err(get_err)?;
-        Ok(BacklogStats::from_columns(unknown, oldest, review_queue))
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        // Reads the schema, so that a file that is missing or not yet prepared is not ready.
-        sqlx::query("SELECT 1 FROM agent_operations LIMIT 0")
-            .execute(&self.pool)
-            .await
-            .map_err(classify)?;
-        Ok(())
     }
 }
 

@@ -28,7 +28,6 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::metrics::Metrics;
 use super::propagation;
-use crate::ops::error::code_name;
 
 /// The layer; add it with `tonic::transport::Server::builder().layer(..)`.
 #[derive(Clone, Debug)]
@@ -78,7 +77,7 @@ static KNOWN_METHODS: LazyLock<HashSet<String>> = LazyLock::new(|| {
             let package = file.package.unwrap_or_default();
             for service in file.service {
                 let name = service.name.unwrap_or_default();
-                if !crate::api::SERVICES.contains(&format!("{package}.{name}").as_str()) {
+                if !crate::proto::SERVICES.contains(&format!("{package}.{name}").as_str()) {
                     continue;
                 }
                 for method in service.method {
@@ -266,6 +265,29 @@ impl<B: Body> Body for ObservedBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// The canonical UPPER_SNAKE name of a gRPC code.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 

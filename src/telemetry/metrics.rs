@@ -17,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::error::JournalError;
 use crate::domain::model::Status;
-use crate::store::{BacklogStats, JournalStore, StoreError};
 
 /// The instrumentation scope name of every instrument.
 pub const SCOPE: &str = "opjournal";
@@ -277,12 +276,9 @@ impl Metrics {
         );
     }
 
-    /// A failed store call: `operation` is the store method, `error` what kind of failure.
-    pub fn store_error(&self, operation: &'static str, error: &StoreError) {
-        let kind = match error {
-            StoreError::Unavailable(_) => "unavailable",
-            StoreError::Other(_) => "other",
-        };
+    /// A failed store call: `operation` is the store method, `kind` what kind of failure
+    /// (`unavailable` or `other`).
+    pub fn store_error(&self, operation: &'static str, kind: &'static str) {
         self.inner.store_errors.add(
             1,
             &[
@@ -296,8 +292,11 @@ impl Metrics {
     /// them (a stale backlog is worse than none) and is returned.
     ///
     /// Errors: the store's.
-    pub async fn sample_backlog(&self, store: &dyn JournalStore) -> Result<(), StoreError> {
-        let result = store.backlog_stats().await;
+    pub async fn sample_backlog<S: BacklogSource + ?Sized>(
+        &self,
+        store: &S,
+    ) -> Result<(), S::Error> {
+        let result = store.backlog().await;
         let sample = result.as_ref().ok().map(|stats| BacklogSample {
             stats: *stats,
             taken: Instant::now(),
@@ -312,9 +311,9 @@ impl Metrics {
 
     /// Samples the backlog every `interval` until `shutdown`; failures are logged (once per
     /// outage) and retried at the next interval.
-    pub async fn run_backlog_sampler(
+    pub async fn run_backlog_sampler<S: BacklogSource + ?Sized>(
         self,
-        store: Arc<dyn JournalStore>,
+        store: Arc<S>,
         interval: Duration,
         shutdown: CancellationToken,
     ) {
@@ -336,16 +335,57 @@ impl Metrics {
     }
 }
 
+/// The work waiting for the reconcile path and for people, for the backlog gauges of
+/// [`crate::telemetry::metrics`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BacklogStats {
+    /// Operations in `unknown`, those waiting for review included.
+    pub unknown: u64,
+    /// How long the oldest unknown operation has been unknown (since `unknown_since`), by the
+    /// database clock; `None` when no operation is unknown.
+    pub oldest_unknown_age: Option<Duration>,
+    /// Operations waiting for human review (`review_required_at` set).
+    pub review_queue: u64,
+}
+
+impl BacklogStats {
+    /// From the backlog statement's three columns: counts, and the oldest unknown operation's
+    /// age in seconds (`None` when none is unknown; a clock step may make it slightly negative).
+    pub fn from_columns(
+        unknown: i64,
+        oldest_unknown_seconds: Option<f64>,
+        review_queue: i64,
+    ) -> Self {
+        Self {
+            unknown: u64::try_from(unknown).unwrap_or(0),
+            oldest_unknown_age: oldest_unknown_seconds
+                .filter(|s| s.is_finite())
+                .map(|s| Duration::from_secs_f64(s.max(0.0))),
+            review_queue: u64::try_from(review_queue).unwrap_or(0),
+        }
+    }
+}
+
+/// Where the backlog gauges read from: the journal's store.
+#[async_trait::async_trait]
+pub trait BacklogSource: Send + Sync {
+    /// Why a read failed.
+    type Error: std::fmt::Display + Send;
+
+    /// One read of the backlog.
+    async fn backlog(&self) -> Result<BacklogStats, Self::Error>;
+}
+
 /// The ErrorInfo reason of a conflict: an error that says the journal holds another state
 /// than the caller assumed.
-fn conflict_reason(error: &JournalError) -> Option<&'static str> {
-    Some(match error {
-        JournalError::KeyReused => "IDEMPOTENCY_KEY_REUSED",
-        JournalError::LeaseLost => "LEASE_LOST",
-        JournalError::OutcomeAlreadyRecorded { .. } => "OUTCOME_ALREADY_RECORDED",
-        JournalError::Contention => "CONCURRENT_MODIFICATION",
-        JournalError::OperationChanged { .. } => "OPERATION_CHANGED",
-        JournalError::ReconcileInProgress => "RECONCILE_IN_PROGRESS",
-        _ => return None,
-    })
+fn conflict_reason(error: &JournalError) -> Option<String> {
+    match error {
+        JournalError::KeyReused
+        | JournalError::LeaseLost
+        | JournalError::OutcomeAlreadyRecorded { .. }
+        | JournalError::Contention
+        | JournalError::OperationChanged { .. }
+        | JournalError::ReconcileInProgress => Some(error.reason().to_string()),
+        _ => None,
+    }
 }

@@ -31,7 +31,6 @@ use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-use crate::config::LogFormat;
 pub use metrics::Metrics;
 pub use options::{OtlpExport, TelemetryOptions};
 
@@ -292,4 +291,16 @@ fn current_ids() -> Option<(String, String)> {
             span_context.span_id().to_string(),
         )
     })
+}
+
+/// Log output format.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }

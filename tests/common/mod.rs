@@ -157,6 +157,9 @@ pub struct TestApp {
     pub policy_yaml: String,
     /// The instruments the server records into (disabled unless the test gave some).
     pub metrics: Metrics,
+    /// The statements' clock, shared by the server and the workers of this app: tests move it
+    /// forward to end leases and pass grace windows instead of sleeping.
+    pub clock: opjournal::store::Clock,
     shutdown: CancellationToken,
 }
 
@@ -292,10 +295,12 @@ impl TestApp {
         };
         let policy = Arc::new(Policy::parse(&policy_yaml, "test-policy.yaml").unwrap());
         let adapters = AdapterSet::from_policy(&policy).unwrap();
+        let clock = opjournal::store::Clock::default();
         let database: Database = match options.store.clone() {
             Some(store) => store.into(),
             None => db.database(),
         };
+        let database = database.with_clock(clock.clone());
         let mut parts = app::components_with_telemetry(
             database,
             policy,
@@ -349,6 +354,7 @@ impl TestApp {
             sandbox,
             policy_yaml,
             metrics: options.metrics,
+            clock,
             shutdown,
         }
     }
@@ -465,13 +471,12 @@ impl TestApp {
     pub fn worker(&self, name: &str) -> opjournal::reconcile::worker::Worker {
         let policy = Arc::new(Policy::parse(&self.policy_yaml, "test-policy.yaml").unwrap());
         let adapters = AdapterSet::from_policy(&policy).unwrap();
-        let database = self.db.database();
-        let store: Arc<dyn opjournal::store::JournalStore> =
-            Arc::new(opjournal::store::InstrumentedStore::new(
-                database.store(),
-                self.metrics.clone(),
-                database.backend().otel_system(),
-            ));
+        let store = self
+            .db
+            .database()
+            .with_clock(self.clock.clone())
+            .with_metrics(self.metrics.clone())
+            .store();
         let reconciler = opjournal::reconcile::Reconciler::new(store, policy, adapters, name)
             .with_metrics(self.metrics.clone());
         opjournal::reconcile::worker::Worker::new(

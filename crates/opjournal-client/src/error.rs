@@ -153,6 +153,50 @@ pub enum ErrorReason {
     NamespaceNotAllowed,
     /// `PERMISSION_DENIED`: the token's role may not call this RPC.
     RoleNotAllowed,
+    /// `FAILED_PRECONDITION`: nothing to reconcile (a terminal operation, or a live lease).
+    OperationNotReconcilable,
+    /// `FAILED_PRECONDITION`: the operation changed since the caller saw it (a reviewer's `expected_attempt`).
+    OperationChanged,
+    /// `FAILED_PRECONDITION`: the operation is being looked up right now; read it again shortly.
+    ReconcileInProgress,
+    /// `FAILED_PRECONDITION`: the action has no provider adapter to look operations up.
+    NoProviderAdapter,
+    /// `FAILED_PRECONDITION`: the server has no key derivation secret.
+    KeyDerivationDisabled,
+    /// `PERMISSION_DENIED`: the reviewer named is not the caller's token.
+    ReviewerMismatch,
+    /// `INTERNAL`: a server bug or corrupt data; nothing to retry.
+    Internal,
+    /// `INVALID_ARGUMENT`: the namespace is malformed.
+    InvalidNamespace,
+    /// `INVALID_ARGUMENT`: the operation key is malformed.
+    InvalidOperationKey,
+    /// `INVALID_ARGUMENT`: the action type is malformed.
+    InvalidActionType,
+    /// `INVALID_ARGUMENT`: the error code is malformed.
+    InvalidErrorCode,
+    /// `INVALID_ARGUMENT`: the provider's id is malformed.
+    InvalidExternalId,
+    /// `INVALID_ARGUMENT`: a field is empty where required, or too long.
+    InvalidFieldLength,
+    /// `INVALID_ARGUMENT`: a reviewer's `expected_attempt` is not positive.
+    InvalidExpectedAttempt,
+    /// `INVALID_ARGUMENT`: the result is not I-JSON.
+    InvalidResult,
+    /// `INVALID_ARGUMENT`: the sanitized result is larger than the action allows.
+    ResultTooLarge,
+    /// `INVALID_ARGUMENT`: too many or malformed references.
+    InvalidReferences,
+    /// `INVALID_ARGUMENT`: a negative page size.
+    InvalidPageSize,
+    /// `INVALID_ARGUMENT`: a page token this server did not issue for these filters.
+    InvalidPageToken,
+    /// `INVALID_ARGUMENT`: an unknown status filter.
+    InvalidStatusFilter,
+    /// `INVALID_ARGUMENT`: a review without exactly one resolution.
+    InvalidReview,
+    /// `INVALID_ARGUMENT`: the key does not match the action's `key_pattern`.
+    KeyPatternMismatch,
     /// No `ErrorInfo`: the call failed in transport (unreachable server, no answer within
     /// the deadline, oversized message).
     Transport,
@@ -161,7 +205,7 @@ pub enum ErrorReason {
 }
 
 impl ErrorReason {
-    const NAMED: [(&'static str, ErrorReason); 14] = [
+    const NAMED: [(&'static str, ErrorReason); 36] = [
         ("IDEMPOTENCY_KEY_REUSED", Self::IdempotencyKeyReused),
         ("LEASE_LOST", Self::LeaseLost),
         ("CONCURRENT_MODIFICATION", Self::ConcurrentModification),
@@ -179,6 +223,28 @@ impl ErrorReason {
         ("INVALID_CREDENTIALS", Self::InvalidCredentials),
         ("NAMESPACE_NOT_ALLOWED", Self::NamespaceNotAllowed),
         ("ROLE_NOT_ALLOWED", Self::RoleNotAllowed),
+        ("OPERATION_NOT_RECONCILABLE", Self::OperationNotReconcilable),
+        ("OPERATION_CHANGED", Self::OperationChanged),
+        ("RECONCILE_IN_PROGRESS", Self::ReconcileInProgress),
+        ("NO_PROVIDER_ADAPTER", Self::NoProviderAdapter),
+        ("KEY_DERIVATION_DISABLED", Self::KeyDerivationDisabled),
+        ("REVIEWER_MISMATCH", Self::ReviewerMismatch),
+        ("INTERNAL", Self::Internal),
+        ("INVALID_NAMESPACE", Self::InvalidNamespace),
+        ("INVALID_OPERATION_KEY", Self::InvalidOperationKey),
+        ("INVALID_ACTION_TYPE", Self::InvalidActionType),
+        ("INVALID_ERROR_CODE", Self::InvalidErrorCode),
+        ("INVALID_EXTERNAL_ID", Self::InvalidExternalId),
+        ("INVALID_FIELD_LENGTH", Self::InvalidFieldLength),
+        ("INVALID_EXPECTED_ATTEMPT", Self::InvalidExpectedAttempt),
+        ("INVALID_RESULT", Self::InvalidResult),
+        ("RESULT_TOO_LARGE", Self::ResultTooLarge),
+        ("INVALID_REFERENCES", Self::InvalidReferences),
+        ("INVALID_PAGE_SIZE", Self::InvalidPageSize),
+        ("INVALID_PAGE_TOKEN", Self::InvalidPageToken),
+        ("INVALID_STATUS_FILTER", Self::InvalidStatusFilter),
+        ("INVALID_REVIEW", Self::InvalidReview),
+        ("KEY_PATTERN_MISMATCH", Self::KeyPatternMismatch),
     ];
 
     /// The reason as sent on the wire (`TRANSPORT` when there was no `ErrorInfo`).
@@ -205,6 +271,13 @@ impl FromStr for ErrorReason {
                 || Self::Other(value.to_owned()),
                 |(_, reason)| reason.clone(),
             ))
+    }
+}
+
+/// Compares with a wire name, e.g. `reason == "LEASE_LOST"`.
+impl PartialEq<&str> for ErrorReason {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
     }
 }
 

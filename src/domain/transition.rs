@@ -1,0 +1,396 @@
+//! The journal's state machine, in one place: every transition rule as a pure function of
+//! what a row holds. Storage enforces these rules with compare-and-set (the fences of
+//! `src/store/sql/`, each written once); the use cases and the reconciler ask these
+//! functions what to do.
+//!
+//! | rule | function |
+//! |---|---|
+//! | what a Begin gets for an existing row | [`decide`] |
+//! | which report a lease token may make, and what it moves the row to | [`may_report`], [`Settlement::target_status`] |
+//! | a report repeated with the same outcome | [`Settlement::already_recorded_in`] |
+//! | an ended lease without a report becomes `unknown` | [`on_lease_expiry`] |
+//! | what a reconcile lookup establishes | [`resolution_for`] |
+//! | which resolution (lookup or review) may apply, and its target | [`may_resolve`], [`Resolution::target_status`] |
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+
+use crate::domain::canonical::RequestHash;
+use crate::domain::model::{ActionType, ActorKind, ErrorCode, ExternalId, OperationRecord, Status};
+use crate::domain::policy::{ActionPolicy, OnUnresolved};
+
+/// What `BeginOperation` answers for an existing row, before any write.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BeginVerdict {
+    /// Key bound to another request hash or action type.
+    Conflict,
+    /// Terminal: return the stored outcome.
+    Replay,
+    /// Another holder's lease is live for this long.
+    InProgress(Duration),
+    /// Unknown outcome (reported, or an expired lease): reconcile before any retry.
+    VerificationRequired,
+    /// The caller may take a new lease with compare-and-set on this status and attempt.
+    Claim {
+        /// Status the row must still be in.
+        expected_status: Status,
+        /// Attempt count the row must still have.
+        expected_attempt: i32,
+    },
+}
+
+/// Decides what a Begin with (`action_type`, `request_hash`) gets for the existing `row`.
+///
+/// `provider_deduplicates` is the action's policy (`on_timeout: retry_with_same_key`): only
+/// then may an unknown operation or an expired lease be claimed again with the same key.
+pub fn decide(
+    row: &OperationRecord,
+    action_type: &ActionType,
+    request_hash: &RequestHash,
+    provider_deduplicates: bool,
+) -> BeginVerdict {
+    if &row.request_hash != request_hash || &row.action_type != action_type {
+        return BeginVerdict::Conflict;
+    }
+    let claim = BeginVerdict::Claim {
+        expected_status: row.status,
+        expected_attempt: row.attempt_count,
+    };
+    match row.status {
+        Status::Succeeded | Status::FailedFinal => BeginVerdict::Replay,
+        Status::Pending => claim,
+        Status::InProgress if row.has_live_lease() => {
+            let remaining = row
+                .lease_until
+                .map(|until| (until - row.observed_at).to_std().unwrap_or_default())
+                .unwrap_or_default();
+            BeginVerdict::InProgress(remaining)
+        }
+        // An operation waiting for a person is never retried automatically.
+        Status::Unknown if row.review_required_at.is_some() => BeginVerdict::VerificationRequired,
+        Status::InProgress | Status::Unknown if provider_deduplicates => claim,
+        Status::InProgress | Status::Unknown => BeginVerdict::VerificationRequired,
+    }
+}
+
+/// A lease holder's report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settlement {
+    /// Confirmed success -> `succeeded`.
+    Succeeded {
+        /// Provider's id of the effect.
+        external_id: Option<ExternalId>,
+        /// Canonical JSON text of the result, if any.
+        result_json: Option<String>,
+    },
+    /// Confirmed rejection with no effect -> `failed_final`.
+    FailedFinal {
+        /// Why.
+        error_code: ErrorCode,
+    },
+    /// Outcome not known -> `unknown`; first lookup after `first_check_after`.
+    Unknown {
+        /// Why, if known.
+        error_code: Option<ErrorCode>,
+        /// Delay before the first reconcile lookup.
+        first_check_after: Duration,
+    },
+}
+
+impl Settlement {
+    /// The status this report moves the operation to.
+    pub fn target_status(&self) -> Status {
+        match self {
+            Self::Succeeded { .. } => Status::Succeeded,
+            Self::FailedFinal { .. } => Status::FailedFinal,
+            Self::Unknown { .. } => Status::Unknown,
+        }
+    }
+
+    /// Whether `row` already holds exactly this outcome (a retried report).
+    pub fn already_recorded_in(&self, row: &OperationRecord) -> bool {
+        match self {
+            // The same success: the same provider id, and the same result unless the row was
+            // settled by someone else (a reconcile keeps only the provider's kept fields).
+            Self::Succeeded {
+                external_id,
+                result_json,
+            } => {
+                row.status == Status::Succeeded
+                    && row.external_id.as_deref() == external_id.as_ref().map(ExternalId::as_str)
+                    && (row.result_json == *result_json || row.last_actor_kind != ActorKind::Client)
+            }
+            Self::FailedFinal { error_code } => {
+                row.status == Status::FailedFinal
+                    && row.error_code.as_deref() == Some(error_code.as_str())
+            }
+            Self::Unknown { .. } => row.status == Status::Unknown,
+        }
+    }
+}
+
+/// What a reconcile lookup established, to apply with compare-and-set.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// The provider has the effect -> `succeeded`.
+    Succeeded {
+        /// Provider's id of the effect.
+        external_id: Option<String>,
+        /// Canonical JSON text of the kept result fields.
+        result_json: Option<String>,
+    },
+    /// The provider rejected the operation definitively -> `failed_final`.
+    FailedFinal {
+        /// Why.
+        error_code: String,
+    },
+    /// Proven absent -> `pending`, same key, so the next Begin executes again.
+    ReleaseForRetry,
+    /// Not provable automatically -> stays `unknown`, marked for human review, never looked
+    /// up or retried automatically again.
+    Escalate {
+        /// Why: `unresolved_after_deadline` or `no_provider_lookup`.
+        reason: String,
+    },
+    /// Still not known -> `unknown`; look again after the delay (unless under review). The
+    /// holder's error code is kept; what the lookup saw goes to the history.
+    KeepUnknown {
+        /// Delay before the next lookup.
+        next_check_after: Duration,
+    },
+}
+
+impl Resolution {
+    /// The status this resolution moves the operation to.
+    pub fn target_status(&self) -> Status {
+        match self {
+            Self::Succeeded { .. } => Status::Succeeded,
+            Self::FailedFinal { .. } => Status::FailedFinal,
+            Self::ReleaseForRetry => Status::Pending,
+            Self::Escalate { .. } | Self::KeepUnknown { .. } => Status::Unknown,
+        }
+    }
+}
+
+/// Whether the holder of a lease may report on a row in `status`: only the token of the
+/// row's current attempt and lease id (`same_lease`), once (`outcome_reported` is whether a
+/// report of this attempt already landed): from `in_progress`, even after its lease ended,
+/// or from `unknown` / `pending` when the sweep or a release, not the holder, put it there.
+pub fn may_report(status: Status, same_lease: bool, outcome_reported: bool) -> bool {
+    same_lease
+        && match status {
+            Status::InProgress => true,
+            Status::Unknown | Status::Pending => !outcome_reported,
+            Status::Succeeded | Status::FailedFinal => false,
+        }
+}
+
+/// What an ended lease does to a row in `status` that nobody reported on: `in_progress`
+/// becomes `unknown` (the provider may have acted), anything else stays.
+pub fn on_lease_expiry(status: Status, lease_ended: bool) -> Option<Status> {
+    (status == Status::InProgress && lease_ended).then_some(Status::Unknown)
+}
+
+/// Whether a resolution (from a lookup or a reviewer) may apply to a row still in the
+/// `status` it was read in: never to a terminal row, never while a holder's lease is live.
+pub fn may_resolve(status: Status, lease_live: bool) -> bool {
+    match status {
+        Status::Succeeded | Status::FailedFinal => false,
+        Status::InProgress => !lease_live,
+        Status::Pending | Status::Unknown => true,
+    }
+}
+
+/// What a provider said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// The effect exists and completed.
+    Succeeded {
+        /// Provider's id of the effect.
+        external_id: Option<String>,
+        /// The result the adapter found, canonical JSON text (the http adapter: the provider's
+        /// whole answer). The reconciler applies the action's result rules (deny-list,
+        /// `result.keep`, size) before anything is stored, and keeps only the sanitized text
+        /// in its report.
+        result_json: Option<String>,
+    },
+    /// The operation exists and failed definitively.
+    Failed {
+        /// Short machine code.
+        code: String,
+    },
+    /// The operation exists but has not finished.
+    Pending,
+    /// Not found; `search_complete` says whether the provider guarantees its search is
+    /// complete (absence still proves nothing inside the grace window).
+    NotFound {
+        /// Whether the search is declared complete.
+        search_complete: bool,
+    },
+    /// The lookup itself failed; nothing was learned.
+    LookupFailed {
+        /// Short machine code, e.g. `timeout` or `http_500`.
+        code: String,
+    },
+}
+
+impl Observation {
+    /// Its kind, for metrics and spans: `succeeded`, `failed`, `pending`, `not_found`,
+    /// `lookup_failed`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Succeeded { .. } => "succeeded",
+            Self::Failed { .. } => "failed",
+            Self::Pending => "pending",
+            Self::NotFound { .. } => "not_found",
+            Self::LookupFailed { .. } => "lookup_failed",
+        }
+    }
+}
+
+/// When the outcome became unknown: the grace window and the escalation deadline count from
+/// here.
+pub fn unknown_since(record: &OperationRecord) -> DateTime<Utc> {
+    record
+        .unknown_since
+        .or(record.lease_until)
+        .unwrap_or(record.updated_at)
+}
+
+/// Decides what an observation means for `record` under `action`'s schedule; `jitter_unit`
+/// is a random draw in [0, 1).
+pub fn resolution_for(
+    record: &OperationRecord,
+    action: &ActionPolicy,
+    observation: &Observation,
+    jitter_unit: f64,
+) -> Resolution {
+    let lookups = u32::try_from(record.reconcile_attempts.saturating_add(1)).unwrap_or(1);
+    let next_check_after = action.reconcile.backoff_with_jitter(lookups, jitter_unit);
+    let keep = || {
+        let escalates = action.on_unresolved == OnUnresolved::RequireHumanReview;
+        let deadline = action
+            .unknown_after_seconds
+            .filter(|_| escalates)
+            .map(|s| unknown_since(record) + TimeDelta::seconds(i64::from(s)));
+        match deadline {
+            Some(deadline) if record.observed_at >= deadline => Resolution::Escalate {
+                reason: "unresolved_after_deadline".into(),
+            },
+            // Never look later than the deadline: escalation happens on time.
+            Some(deadline) => Resolution::KeepUnknown {
+                next_check_after: next_check_after
+                    .min((deadline - record.observed_at).to_std().unwrap_or_default()),
+            },
+            None => Resolution::KeepUnknown { next_check_after },
+        }
+    };
+    match observation {
+        Observation::Succeeded {
+            external_id,
+            result_json,
+        } => Resolution::Succeeded {
+            external_id: external_id.clone(),
+            result_json: result_json.clone(),
+        },
+        Observation::Failed { code } => Resolution::FailedFinal {
+            error_code: code.clone(),
+        },
+        Observation::NotFound {
+            search_complete: true,
+        } if grace_has_passed(record, action) => Resolution::ReleaseForRetry,
+        Observation::NotFound { .. } | Observation::Pending | Observation::LookupFailed { .. } => {
+            keep()
+        }
+    }
+}
+
+/// Whether the absence grace window has passed since the outcome became unknown, by the
+/// database clock.
+fn grace_has_passed(record: &OperationRecord, action: &ActionPolicy) -> bool {
+    let grace = TimeDelta::seconds(i64::from(action.reconcile.absence_grace_seconds));
+    record.observed_at >= unknown_since(record) + grace
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use Status::*;
+
+    #[test]
+    fn reports_table() {
+        // (status, same lease, already reported) -> may report
+        let table = [
+            (InProgress, true, false, true),
+            (InProgress, true, true, true),
+            (InProgress, false, false, false),
+            (Unknown, true, false, true),
+            (Unknown, true, true, false),
+            (Pending, true, false, true),
+            (Pending, true, true, false),
+            (Pending, false, false, false),
+            (Succeeded, true, false, false),
+            (FailedFinal, true, false, false),
+        ];
+        for (status, same_lease, reported, allowed) in table {
+            assert_eq!(
+                may_report(status, same_lease, reported),
+                allowed,
+                "{status:?} same_lease={same_lease} reported={reported}"
+            );
+        }
+        let success = Settlement::Succeeded {
+            external_id: None,
+            result_json: None,
+        };
+        let unknown = Settlement::Unknown {
+            error_code: None,
+            first_check_after: Duration::ZERO,
+        };
+        assert_eq!(success.target_status(), Succeeded);
+        assert_eq!(unknown.target_status(), Unknown);
+    }
+
+    #[test]
+    fn expiry_and_resolutions_table() {
+        // (status, lease ended / live) -> after expiry, may resolve
+        let table = [
+            (InProgress, true, Some(Unknown), true),
+            (InProgress, false, None, false),
+            (Unknown, true, None, true),
+            (Pending, true, None, true),
+            (Succeeded, true, None, false),
+            (FailedFinal, true, None, false),
+        ];
+        for (status, ended, expired, resolvable) in table {
+            assert_eq!(on_lease_expiry(status, ended), expired, "{status:?}");
+            assert_eq!(may_resolve(status, !ended), resolvable, "{status:?}");
+        }
+        let targets = [
+            (Resolution::ReleaseForRetry, Pending),
+            (
+                Resolution::FailedFinal {
+                    error_code: "declined".into(),
+                },
+                FailedFinal,
+            ),
+            (
+                Resolution::Escalate {
+                    reason: "no_provider_lookup".into(),
+                },
+                Unknown,
+            ),
+            (
+                Resolution::KeepUnknown {
+                    next_check_after: Duration::ZERO,
+                },
+                Unknown,
+            ),
+        ];
+        for (resolution, status) in targets {
+            assert_eq!(resolution.target_status(), status, "{resolution:?}");
+        }
+    }
+}

@@ -1,0 +1,1 @@
+status = 'in_progress' AND {@lease_ended}

@@ -1,0 +1,2 @@
+{@fence_token}
+AND (status = 'in_progress' OR (status IN ('unknown', 'pending') AND NOT outcome_reported))

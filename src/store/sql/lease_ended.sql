@@ -1,0 +1,1 @@
+lease_until <= {now}

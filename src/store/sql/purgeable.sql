@@ -1,0 +1,1 @@
+purge_after < {dbnow} AND status IN ('succeeded', 'failed_final')

@@ -1,0 +1,3 @@
+UPDATE agent_operations SET {@settlement}, {@reported}
+WHERE {@fence_report}
+RETURNING {@columns}

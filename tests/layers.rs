@@ -1,0 +1,116 @@
+//! The layer rule of `src/lib.rs`, checked: no module of the crate names a module of a layer
+//! above its own (`crate::<module>` in code, `use` lines included; comments are not read).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+
+/// The layers, lowest first; a module may name its own layer and those below it. Must match
+/// the rule written at the top of `src/lib.rs`.
+const LAYERS: &[&[&str]] = &[
+    &["proto"],
+    &["domain"],
+    &["telemetry"],
+    &["store"],
+    &["journal"],
+    &["reconcile"],
+    &["api"],
+    &["config"],
+    &["app"],
+    &["cli", "ops", "sandbox", "children"],
+];
+
+fn layer(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|layer| layer.contains(&module))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The modules `line` names as `crate::<module>`.
+fn named_modules(line: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().last();
+        rest = &rest[at + "crate::".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue; // `opjournal_crate::`, not this crate
+        }
+        let module: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        found.push(module);
+    }
+    found
+}
+
+#[test]
+fn no_module_imports_a_layer_above_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for file in &files {
+        let relative = file.strip_prefix(&src).unwrap();
+        let first = relative.components().next().unwrap().as_os_str();
+        let module = first.to_str().unwrap().trim_end_matches(".rs");
+        if module == "bin" || module == "lib" {
+            continue; // binaries stand above every layer; lib.rs only declares modules
+        }
+        let own = layer(module).unwrap_or_else(|| {
+            panic!("src/{module} is in no layer: add it to LAYERS and to src/lib.rs")
+        });
+        let text = std::fs::read_to_string(file).unwrap();
+        for (number, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for named in named_modules(code) {
+                checked += 1;
+                let Some(theirs) = layer(&named) else {
+                    continue; // a crate-level item (e.g. `crate::client`) re-exported by lib.rs
+                };
+                if theirs > own {
+                    broken.push(format!(
+                        "src/{}:{}: {module} names {named}",
+                        relative.display(),
+                        number + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 100,
+        "only {checked} crate paths read: is src/ there?"
+    );
+    assert!(
+        broken.is_empty(),
+        "imports from a higher layer:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn the_rule_is_written_in_lib_rs() {
+    let lib =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    let rule = LAYERS
+        .iter()
+        .map(|layer| layer.join(", "))
+        .collect::<Vec<_>>()
+        .join(" < ");
+    assert!(
+        lib.contains(&rule),
+        "src/lib.rs must state the rule: {rule}"
+    );
+}
