@@ -492,7 +492,7 @@ async fn keys_registered_before_the_screening_or_the_pattern_still_get_their_ans
     let record = app
         .parts
         .store
-        .insert_and_claim(&opjournal::store::NewOperation {
+        .register(&opjournal::store::NewOperation {
             operation_key: opjournal::domain::model::OperationKey::parse(old_key).unwrap(),
             namespace: begin.namespace,
             action_type: begin.action_type,
@@ -505,7 +505,10 @@ async fn keys_registered_before_the_screening_or_the_pattern_still_get_their_ans
         })
         .await
         .unwrap();
-    assert!(record.is_some());
+    assert!(matches!(
+        record,
+        opjournal::store::Registration::Inserted(_)
+    ));
     let retry = app.begin(old_key, "create_payment", PAY_817).await.unwrap();
     assert_eq!(
         decision(&retry),

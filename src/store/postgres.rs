@@ -8,13 +8,14 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::Arguments as _;
 use sqlx::postgres::{PgArguments, PgPool, PgPoolOptions};
 
-use super::sql::{Arg, CountRow, Decoded, Dialect, SqlStore, Statements};
+use super::sql::{Arg, CountRow, Decoded, Dialect, SqlStore};
 use super::{Backend, StoreError};
 
 /// The migrations of this backend, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-const PURGE: &str = include_str!("sql/postgres/purge.sql");
+/// The purge, in one data-modifying CTE (for the query plans the benchmark shows).
+pub const PURGE: &str = include_str!("sql/postgres/purge.sql");
 
 /// How long a pooled connection may sit idle before it is pinged on its next use.
 pub const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
@@ -191,40 +192,4 @@ impl Dialect for Pg {
         }
         Ok(Some(analyzed))
     }
-}
-
-/// The backlog gauges' statement (see [`crate::store::JournalStore::backlog_stats`]), as
-/// Postgres runs it: partial indexes on unknown and on review-waiting rows answer each part
-/// (`agent_operations_unknown_since`, `agent_operations_review_queue`).
-pub fn backlog_stats_sql() -> String {
-    super::sql::render::<Pg>(include_str!("sql/backlog_stats.sql"))
-}
-
-/// A statement of this backend, named by the store method that runs it, for the query
-/// plans the benchmark shows (docs/performance.md).
-#[derive(Debug, Clone)]
-pub struct ExplainedStatement {
-    /// The store method (and variant) that runs it.
-    pub name: &'static str,
-    /// The statement as the method sends it, with `$n` parameters.
-    pub sql: String,
-}
-
-/// The statements whose cost must not grow with the journal: the client hot path, the
-/// reconcile worker's scans, the purge and the operator's listings.
-pub fn explained_statements() -> Vec<ExplainedStatement> {
-    let statements = Statements::new::<Pg>();
-    let mut all: Vec<ExplainedStatement> = statements
-        .explained()
-        .into_iter()
-        .map(|(name, sql)| ExplainedStatement {
-            name,
-            sql: sql.to_owned(),
-        })
-        .collect();
-    all.push(ExplainedStatement {
-        name: "purge",
-        sql: super::sql::render::<Pg>(PURGE),
-    });
-    all
 }

@@ -560,15 +560,6 @@ impl<D: Dialect> SqlStore<D> {
 
 #[async_trait]
 impl<D: Dialect> JournalStore for SqlStore<D> {
-    async fn insert_and_claim(
-        &self,
-        new: &NewOperation,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let insert = self.record(&self.statements.insert, new_args(new)?);
-        self.call("insert_and_claim", "INSERT", OPERATIONS, insert)
-            .await
-    }
-
     async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
         let register = async {
             let Some(statement) = &self.statements.register else {

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use opjournal::api::auth::BearerToken;
 use opjournal::api::{self, Authenticator, ServeOptions};
+use opjournal::app::Database;
 use opjournal::app::{self, Components};
 use opjournal::domain::policy::Policy;
 use opjournal::journal::RequestLimits;
@@ -21,7 +22,7 @@ use opjournal::proto::reconciler_client::ReconcilerClient;
 use opjournal::proto::{self, BeginOperationRequest, BeginOperationResponse, Decision};
 use opjournal::reconcile::AdapterSet;
 use opjournal::sandbox::{self, KeyCounts, Sandbox, SandboxConfig};
-use opjournal::store::{Database, PgStore, SqliteStore};
+use opjournal::store::{PgStore, SqliteStore};
 use opjournal::telemetry::Metrics;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
