@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::config::parse_url;
 use crate::store::sql::Clock;
 use crate::store::{Backend, JournalStore, PgStore, SqliteStore, StoreError};
 
@@ -37,9 +38,7 @@ impl Database {
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         match Backend::of_url(url) {
             Some(Backend::Postgres) => PgStore::connect_lazy(url, max_connections).map(Self::from),
-            Some(Backend::Sqlite) => {
-                SqliteStore::connect_lazy(url, max_connections).map(Self::from)
-            }
+            Some(Backend::Sqlite) => sqlite(url, max_connections).map(Self::from),
             None => Err(StoreError::Other(
                 "database_url must start with postgres://, postgresql:// or sqlite:".into(),
             )),
@@ -104,5 +103,56 @@ impl Database {
             Self::Postgres(store) => store.pool().close().await,
             Self::Sqlite(store) => store.pool().close().await,
         }
+    }
+}
+
+/// The journal in the SQLite file `url` names, with a lazily connecting pool of at most
+/// `max_connections` (see [`SqliteStore::connect_lazy`]).
+///
+/// Errors: the URL is unusable (see [`parse_url`]).
+pub fn sqlite(url: &str, max_connections: u32) -> Result<SqliteStore, StoreError> {
+    let options = parse_url(url).map_err(|e| StoreError::Other(Box::new(e)))?;
+    Ok(SqliteStore::connect_lazy(options, max_connections))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::SqliteUrlError;
+
+    #[test]
+    fn urls_name_a_writable_file() {
+        let file = parse_url("sqlite://opjournal-data/journal.db").unwrap();
+        assert_eq!(file.get_filename(), Path::new("opjournal-data/journal.db"));
+        let file = parse_url("sqlite:///var/lib/opjournal/journal.db").unwrap();
+        assert_eq!(
+            file.get_filename(),
+            Path::new("/var/lib/opjournal/journal.db")
+        );
+        let file = parse_url("sqlite:journal.db").unwrap();
+        assert_eq!(file.get_filename(), Path::new("journal.db"));
+        assert!(matches!(
+            parse_url("sqlite::memory:"),
+            Err(SqliteUrlError::InMemory)
+        ));
+        assert!(matches!(
+            parse_url("sqlite://x.db?mode=memory"),
+            Err(SqliteUrlError::InMemory)
+        ));
+        assert!(matches!(
+            parse_url("sqlite://x.db?mode=ro"),
+            Err(SqliteUrlError::ReadOnly)
+        ));
+        assert!(matches!(
+            parse_url("sqlite://"),
+            Err(SqliteUrlError::NoFile)
+        ));
+        assert!(matches!(
+            parse_url("sqlite://x.db?colour=blue"),
+            Err(SqliteUrlError::Invalid(_))
+        ));
     }
 }

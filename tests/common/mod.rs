@@ -49,7 +49,7 @@ impl TestDb {
     pub async fn sqlite() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("data/journal.db").display());
-        let store = SqliteStore::connect_lazy(&url, 10).unwrap();
+        let store = opjournal::app::database::sqlite(&url, 10).unwrap();
         store.prepare().await.unwrap();
         Self::Sqlite {
             store,
