@@ -15,7 +15,7 @@ use opjournal::proto::operation_journal_client::OperationJournalClient;
 use opjournal::proto::{
     BeginOperationRequest, CompleteOperationRequest, Decision, DeriveOperationKeyRequest,
 };
-use opjournal::sandbox::SandboxConfig;
+use opjournal_sandbox::SandboxConfig;
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
