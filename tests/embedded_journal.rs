@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use opjournal::proto::operation_journal_client::OperationJournalClient;
 use opjournal::proto::{BeginOperationRequest, Decision};
-use opjournal::store::{JournalStore, StoreError};
+use opjournal::store::{JournalMaintenance, StoreError};
 use sqlx::Connection as _;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};

@@ -25,7 +25,8 @@ use opjournal::domain::model::{
 use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
 use opjournal::store::{
-    Clock, JournalStore, ListQuery, NewOperation, Registration, Resolution, Settled, Settlement,
+    Clock, JournalMaintenance, JournalStore, ListQuery, NewOperation, Registration, Resolution,
+    Settled, Settlement,
 };
 use sqlx::PgPool;
 use uuid::Uuid;

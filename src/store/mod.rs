@@ -159,9 +159,9 @@ pub struct ListQuery {
     pub limit: i64,
 }
 
-/// [`JournalStore::backlog_stats`] feeds the backlog gauges.
+/// [`JournalMaintenance::backlog_stats`] feeds the backlog gauges.
 #[async_trait]
-impl<T: JournalStore + ?Sized> crate::telemetry::metrics::BacklogSource for T {
+impl<T: JournalMaintenance + ?Sized> crate::telemetry::metrics::BacklogSource for T {
     type Error = StoreError;
 
     async fn backlog(&self) -> Result<BacklogStats, StoreError> {
@@ -171,7 +171,7 @@ impl<T: JournalStore + ?Sized> crate::telemetry::metrics::BacklogSource for T {
 
 /// The journal's storage contract.
 #[async_trait]
-pub trait JournalStore: Send + Sync + 'static {
+pub trait JournalStore: JournalMaintenance {
     /// Registers `new`: inserts it already `in_progress` with attempt 1 and its lease, or,
     /// when the key already exists, answers its row in the same call: [`Registration::Inserted`] with the
     /// new row, [`Registration::Existing`] with the existing row (nothing is changed), or
@@ -290,7 +290,12 @@ pub trait JournalStore: Send + Sync + 'static {
         other_than: &OperationKey,
         window: Duration,
     ) -> Result<Option<String>, StoreError>;
+}
 
+/// The journal's upkeep, apart from its operations: retention, readiness, the backlog
+/// gauges and planner statistics. Every store offers both.
+#[async_trait]
+pub trait JournalMaintenance: Send + Sync + 'static {
     /// Deletes up to `limit` terminal operations whose retention has passed, with their
     /// history; returns how many went. Pending, in-progress and unknown operations are never
     /// deleted, whatever their age.

@@ -18,8 +18,8 @@ use tracing::field::Empty;
 use uuid::Uuid;
 
 use super::{
-    Backend, BacklogStats, JournalStore, ListQuery, NewOperation, Registration, Resolution,
-    Settled, Settlement, StoreError,
+    Backend, BacklogStats, JournalMaintenance, JournalStore, ListQuery, NewOperation, Registration,
+    Resolution, Settled, Settlement, StoreError,
 };
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
@@ -153,7 +153,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         store: &SqlStore<Self>,
         limit: i64,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-    /// See [`JournalStore::analyze_new_tables`].
+    /// See [`JournalMaintenance::analyze_new_tables`].
     fn analyze_new_tables(
         _pool: &Self::Pool,
         _min_changes: i64,
@@ -857,7 +857,10 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         self.call("find_same_request", "SELECT", OPERATIONS, find)
             .await
     }
+}
 
+#[async_trait]
+impl<D: Dialect> JournalMaintenance for SqlStore<D> {
     async fn purge(&self, limit: i64) -> Result<u64, StoreError> {
         self.call("purge", "DELETE", OPERATIONS, D::purge(self, limit))
             .await

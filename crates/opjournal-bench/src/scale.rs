@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use opjournal::store::JournalStore as _;
+use opjournal::store::JournalMaintenance as _;
 use opjournal::store::postgres::PgStore;
 use serde_json::{Value, json};
 use sqlx::{Executor as _, PgPool, Row as _};
