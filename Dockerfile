@@ -20,10 +20,11 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY migrations ./migrations
 COPY src ./src
+COPY crates ./crates
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --locked --bins \
+    cargo build --release --locked --workspace --bins \
     && mkdir -p /out \
     && cp target/release/opjournal target/release/opjournal-reconciler \
           target/release/opjournal-sandbox /out/

@@ -14,7 +14,11 @@ use crate::domain::policy::{Policy, PolicyError};
 use crate::journal::{Journal, RequestLimits};
 use crate::reconcile::adapter::AdapterError;
 use crate::reconcile::{AdapterSet, Reconciler};
-use crate::store::{Database, JournalStore, StoreError};
+use crate::store::{JournalStore, StoreError};
+pub mod database;
+
+pub use database::Database;
+
 use crate::telemetry::{LogOptions, Metrics, Telemetry, TelemetryError, TelemetryOptions, admin};
 
 /// Why a process could not start.

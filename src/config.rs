@@ -3,11 +3,13 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::str::FromStr as _;
 use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format as _, Serialized, Toml};
 use serde::{Deserialize, Serialize};
+use sqlx::sqlite::SqliteConnectOptions;
 
 use crate::domain::access::{NamespaceScope, Principal, Role, TokenDigest, TokenRegistry};
 use crate::domain::derived_key::MIN_SECRET_BYTES;
@@ -308,7 +310,7 @@ impl Config {
     fn validate_database_url(&self) -> Result<(), ConfigError> {
         match Backend::of_url(&self.database_url) {
             Some(Backend::Postgres) => Ok(()),
-            Some(Backend::Sqlite) => crate::store::sqlite::parse_url(&self.database_url)
+            Some(Backend::Sqlite) => parse_url(&self.database_url)
                 .map(|_| ())
                 .map_err(|e| ConfigError(format!("database_url: {e}"))),
             None if self.database_url.is_empty() => {
@@ -398,6 +400,53 @@ impl Config {
     pub fn seconds(value: f64) -> Duration {
         Duration::from_secs_f64(value.max(0.0))
     }
+}
+
+/// Why a `sqlite:` URL cannot hold the journal.
+#[derive(Debug, thiserror::Error)]
+pub enum SqliteUrlError {
+    /// No file named.
+    #[error("a sqlite: database_url must name a file, e.g. sqlite://opjournal-data/journal.db")]
+    NoFile,
+    /// An in-memory database: the journal would vanish with the process.
+    #[error(
+        "an in-memory SQLite database loses the journal when the process exits; name a file, \
+         e.g. sqlite://opjournal-data/journal.db"
+    )]
+    InMemory,
+    /// Read-only or immutable: the journal must be written.
+    #[error("the journal's SQLite file must be writable (remove mode=ro / immutable)")]
+    ReadOnly,
+    /// The URL does not parse.
+    #[error("invalid sqlite: URL: {0}")]
+    Invalid(String),
+}
+
+/// The file a `sqlite:` URL names (`sqlite://relative/path.db`, `sqlite:///absolute/path.db`
+/// or `sqlite:path.db`), as connection options.
+///
+/// Errors: no file, an in-memory or read-only database, an unknown URL parameter.
+pub fn parse_url(url: &str) -> Result<SqliteConnectOptions, SqliteUrlError> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .ok_or_else(|| SqliteUrlError::Invalid("not a sqlite: URL".into()))?;
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path.is_empty() {
+        return Err(SqliteUrlError::NoFile);
+    }
+    if path == ":memory:" || query.split('&').any(|pair| pair == "mode=memory") {
+        return Err(SqliteUrlError::InMemory);
+    }
+    let options =
+        SqliteConnectOptions::from_str(url).map_err(|e| SqliteUrlError::Invalid(e.to_string()))?;
+    if query
+        .split('&')
+        .any(|pair| matches!(pair, "mode=ro" | "immutable=true" | "immutable=1"))
+    {
+        return Err(SqliteUrlError::ReadOnly);
+    }
+    Ok(options)
 }
 
 #[cfg(test)]

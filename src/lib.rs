@@ -6,7 +6,7 @@
 //! `tests/layers.rs` checks every `crate::` path against this line):
 //!
 //! ```text
-//! proto < domain < telemetry < store < journal < reconcile < api < config < app < cli, ops, sandbox, children
+//! proto < domain < telemetry < store < journal < reconcile < api < config < app < cli, ops, children
 //! ```
 //!
 //! [`proto`] is the generated protocol code. [`domain`] holds the state machine
@@ -16,8 +16,8 @@
 //! and SQLite. [`journal`] holds the use cases; [`reconcile`] asks providers what really
 //! happened; [`api`] exposes both over gRPC. [`config`] reads the settings; [`app`] wires the
 //! components. Above them stand the products: [`cli`] and [`ops`] (the operator commands,
-//! gRPC clients of the API), [`sandbox`] (a fake HTTP provider for tests, demos and local
-//! stands) and [`children`] (the binaries as child processes). The binaries (`src/bin/`)
+//! gRPC clients of the API) and [`children`] (the binaries as child processes). The
+//! sandbox provider and the benchmark are crates of their own (`crates/`). The binaries (`src/bin/`)
 //! stand above every layer. See docs/architecture.md.
 
 pub mod api;
@@ -32,6 +32,5 @@ pub mod journal;
 pub mod ops;
 pub mod proto;
 pub mod reconcile;
-pub mod sandbox;
 pub mod store;
 pub mod telemetry;

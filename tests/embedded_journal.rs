@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use opjournal::proto::operation_journal_client::OperationJournalClient;
 use opjournal::proto::{BeginOperationRequest, Decision};
-use opjournal::store::{JournalStore, SqliteStore, StoreError};
+use opjournal::store::{JournalMaintenance, StoreError};
 use sqlx::Connection as _;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -166,7 +166,8 @@ async fn serve_with_no_configuration_keeps_its_journal_in_a_local_file() {
     assert!(ok, "{stdout} {stderr}");
     terminate(server).await;
 
-    let store = SqliteStore::connect_lazy(&format!("sqlite://{}", file.display()), 1).unwrap();
+    let store =
+        opjournal::app::database::sqlite(&format!("sqlite://{}", file.display()), 1).unwrap();
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM agent_operations")
         .fetch_one(store.pool())
         .await
@@ -203,7 +204,7 @@ async fn migrate_creates_the_file_and_processes_may_prepare_one_file_at_once() {
         assert!(ok, "{stdout} {stderr}");
         assert!(stdout.contains("migrations applied (sqlite)"), "{stdout}");
     }
-    let store = SqliteStore::connect_lazy(&url, 1).unwrap();
+    let store = opjournal::app::database::sqlite(&url, 1).unwrap();
     let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
         .fetch_all(store.pool())
         .await
@@ -248,7 +249,8 @@ async fn the_file_is_in_wal_mode_with_full_sync_and_a_busy_timeout() {
 async fn a_missing_file_is_not_ready_and_is_not_created_by_reads() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("journal.db");
-    let store = SqliteStore::connect_lazy(&format!("sqlite://{}", file.display()), 2).unwrap();
+    let store =
+        opjournal::app::database::sqlite(&format!("sqlite://{}", file.display()), 2).unwrap();
     assert!(matches!(
         store.ping().await,
         Err(StoreError::Unavailable(_))

@@ -438,7 +438,7 @@ async fn a_token_reports_once_and_a_contradicting_report_is_refused(pool: PgPool
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_holder_reports_after_the_sweep_with_its_own_error_code(pool: PgPool) {
-    let app = TestApp::spawn_with(pool, opjournal::sandbox::SandboxConfig::default(), 3600).await;
+    let app = TestApp::spawn_with(pool, opjournal_sandbox::SandboxConfig::default(), 3600).await;
     let begin = app
         .begin_in("", KEY, "create_payment", PAY, 1)
         .await

@@ -15,7 +15,7 @@ use opjournal::proto::operation_journal_client::OperationJournalClient;
 use opjournal::proto::{
     BeginOperationRequest, CompleteOperationRequest, Decision, DeriveOperationKeyRequest,
 };
-use opjournal::sandbox::SandboxConfig;
+use opjournal_sandbox::SandboxConfig;
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -492,7 +492,7 @@ async fn keys_registered_before_the_screening_or_the_pattern_still_get_their_ans
     let record = app
         .parts
         .store
-        .insert_and_claim(&opjournal::store::NewOperation {
+        .register(&opjournal::store::NewOperation {
             operation_key: opjournal::domain::model::OperationKey::parse(old_key).unwrap(),
             namespace: begin.namespace,
             action_type: begin.action_type,
@@ -505,7 +505,10 @@ async fn keys_registered_before_the_screening_or_the_pattern_still_get_their_ans
         })
         .await
         .unwrap();
-    assert!(record.is_some());
+    assert!(matches!(
+        record,
+        opjournal::store::Registration::Inserted(_)
+    ));
     let retry = app.begin(old_key, "create_payment", PAY_817).await.unwrap();
     assert_eq!(
         decision(&retry),

@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["api"],
     &["config"],
     &["app"],
-    &["cli", "ops", "sandbox", "children"],
+    &["cli", "ops", "children"],
 ];
 
 fn layer(module: &str) -> Option<usize> {

@@ -193,7 +193,7 @@ async fn a_new_key_for_the_same_request_is_held_confirmed_or_counted(pool: PgPoo
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn purge_deletes_only_terminal_operations_past_retention(pool: PgPool) {
-    let app = TestApp::spawn_with(pool, opjournal::sandbox::SandboxConfig::default(), 3600).await;
+    let app = TestApp::spawn_with(pool, opjournal_sandbox::SandboxConfig::default(), 3600).await;
     // One operation in every status, each once young and once 60 days old.
     for age in ["young", "old"] {
         let done = app

@@ -19,8 +19,8 @@ use opjournal::proto::{
 };
 use opjournal::reconcile::worker::{Worker, WorkerConfig};
 use opjournal::reconcile::{AdapterSet, LookupRequest, Observation, ProviderAdapter, Reconciler};
-use opjournal::sandbox::SandboxConfig;
 use opjournal::store::{JournalStore, PgStore};
+use opjournal_sandbox::SandboxConfig;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tonic::Code;

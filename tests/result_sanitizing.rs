@@ -17,7 +17,7 @@ use opjournal::proto::{
     ReconcileOperationRequest, ResolveOperationRequest, ResolveSucceeded,
     resolve_operation_request,
 };
-use opjournal::sandbox::SandboxConfig;
+use opjournal_sandbox::SandboxConfig;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tonic::Code;

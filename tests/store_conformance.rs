@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{TestDb, on_pool};
+use opjournal::app::Database;
 use opjournal::domain::canonical::RequestHash;
 use opjournal::domain::lease::LeaseToken;
 use opjournal::domain::model::{
@@ -24,8 +25,8 @@ use opjournal::domain::model::{
 use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
 use opjournal::store::{
-    Clock, Database, JournalStore, ListQuery, NewOperation, Registration, Resolution, Settled,
-    Settlement,
+    Clock, JournalMaintenance, JournalStore, ListQuery, NewOperation, Registration, Resolution,
+    Settled, Settlement,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -131,11 +132,13 @@ impl Fixture {
     }
 
     async fn register(&self, key: &str, lease: Duration) -> OperationRecord {
-        self.store
-            .insert_and_claim(&new_operation(key, lease))
-            .await
-            .unwrap()
-            .unwrap()
+        inserted(
+            self.store
+                .register(&new_operation(key, lease))
+                .await
+                .unwrap(),
+        )
+        .unwrap()
     }
 
     /// A registered operation whose lease ended without a report: swept to unknown.
@@ -159,6 +162,14 @@ impl Fixture {
             .await
             .unwrap()
             .unwrap()
+    }
+}
+
+/// The row a registration inserted; `None` when the key already existed.
+fn inserted(registration: Registration) -> Option<OperationRecord> {
+    match registration {
+        Registration::Inserted(record) => Some(record),
+        _ => None,
     }
 }
 
@@ -232,7 +243,7 @@ fn worker(name: &str, reason: &str) -> Who {
 async fn a_second_insert_of_a_key_changes_nothing(fx: &Fixture) {
     fx.store.ping().await.unwrap();
     let new = new_operation("k", LEASE);
-    let first = fx.store.insert_and_claim(&new).await.unwrap().unwrap();
+    let first = inserted(fx.store.register(&new).await.unwrap()).unwrap();
     assert_eq!((first.status, first.attempt_count), (Status::InProgress, 1));
     assert_eq!(first.lease_id, Some(new.lease_id));
     assert_eq!(first.references, new.references);
@@ -241,7 +252,7 @@ async fn a_second_insert_of_a_key_changes_nothing(fx: &Fixture) {
     assert_eq!(first.last_actor_kind, ActorKind::Client);
     let mut again = new_operation("k", LEASE);
     again.request_hash = RequestHash::from_hex(&"b".repeat(64)).unwrap();
-    assert!(fx.store.insert_and_claim(&again).await.unwrap().is_none());
+    assert!(inserted(fx.store.register(&again).await.unwrap()).is_none());
     let stored = fx.get("k").await;
     assert_eq!(
         OperationRecord {
@@ -1148,7 +1159,7 @@ async fn the_same_request_is_found_under_other_keys(fx: &Fixture) {
 async fn purge_deletes_only_terminal_operations_past_retention(fx: &Fixture) {
     let mut short = new_operation("short", LEASE);
     short.action_policy = serde_json::json!({ "retention_days": 3 });
-    let short = fx.store.insert_and_claim(&short).await.unwrap().unwrap();
+    let short = inserted(fx.store.register(&short).await.unwrap()).unwrap();
     fx.store
         .settle(&token(&short), &succeeded("pay_1"))
         .await
@@ -1854,7 +1865,7 @@ async fn the_registering_trace_context_is_kept_in_its_w3c_form_only(f: &Fixture)
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let mut new = new_operation("traced", LEASE);
     new.trace_context = Some(traceparent.to_owned());
-    let record = f.store.insert_and_claim(&new).await.unwrap().unwrap();
+    let record = inserted(f.store.register(&new).await.unwrap()).unwrap();
     assert_eq!(record.trace_context.as_deref(), Some(traceparent));
     assert_eq!(
         f.get("traced").await.trace_context.as_deref(),
@@ -1945,7 +1956,12 @@ async fn the_backlog_statement_uses_only_partial_indexes_on_postgres(pool: PgPoo
         .unwrap();
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN {}",
-        opjournal::store::postgres::backlog_stats_sql()
+        opjournal::store::PgStore::new(pool.clone())
+            .statements()
+            .explained()
+            .into_iter()
+            .find_map(|(name, sql)| (name == "backlog_stats").then(|| sql.to_owned()))
+            .unwrap()
     )))
     .fetch_all(&mut *conn)
     .await
@@ -2078,7 +2094,7 @@ async fn a_new_journal_is_analyzed_once_it_holds_operations_on_postgres(pool: Pg
 
     for i in 0..300 {
         let new = new_operation(&format!("analyze-{i}"), HOLD);
-        assert!(store.insert_and_claim(&new).await.unwrap().is_some());
+        assert!(inserted(store.register(&new).await.unwrap()).is_some());
     }
     // Backends report their changes to the statistics within seconds.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

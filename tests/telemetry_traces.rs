@@ -19,8 +19,8 @@ use opjournal::proto::{
     BeginOperationRequest, Decision, LookupOperationRequest, LookupOperationResponse,
     LookupOutcome, OperationStatus,
 };
-use opjournal::sandbox::SandboxConfig;
 use opjournal::telemetry::{LogOptions, OtlpExport, Telemetry, TelemetryOptions};
+use opjournal_sandbox::SandboxConfig;
 use sqlx::PgPool;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;

@@ -13,7 +13,7 @@ use common::client_suites::{
 };
 use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
-use opjournal::sandbox::SandboxConfig;
+use opjournal_sandbox::SandboxConfig;
 use sqlx::PgPool;
 
 const SETUP: &str = "./scripts/test prepares it with scripts/client-envs typescript \

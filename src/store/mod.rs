@@ -4,8 +4,7 @@
 //! One implementation, [`SqlStore`], serves both backends from one set of `.sql` files
 //! (`src/store/sql/`): [`PgStore`] (Postgres, any number of servers and workers) and
 //! [`SqliteStore`] (one embedded file, one node) differ only in their [`sql::Dialect`].
-//! [`Database`] picks one from the URL's scheme and carries what only a backend can do:
-//! prepare its schema and close.
+//! The wiring picks one from the URL's scheme (`app::Database`).
 //!
 //! Every method is a single statement (one round trip, one commit): no transaction is ever
 //! held open across anything slow. Methods that change a row take the state the caller
@@ -19,7 +18,6 @@ pub mod sql;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -73,107 +71,6 @@ impl Backend {
         match self {
             Self::Postgres => "postgres",
             Self::Sqlite => "sqlite",
-        }
-    }
-}
-
-/// The journal's database, of either backend.
-#[derive(Debug, Clone)]
-pub enum Database {
-    /// Postgres.
-    Postgres(PgStore),
-    /// The embedded SQLite file.
-    Sqlite(SqliteStore),
-}
-
-impl From<PgStore> for Database {
-    fn from(store: PgStore) -> Self {
-        Self::Postgres(store)
-    }
-}
-
-impl From<SqliteStore> for Database {
-    fn from(store: SqliteStore) -> Self {
-        Self::Sqlite(store)
-    }
-}
-
-impl Database {
-    /// A lazily connecting pool of at most `max_connections` on `url`, of the backend its
-    /// scheme selects (see [`Backend::of_url`]). Nothing is connected, created or migrated
-    /// yet.
-    ///
-    /// Errors: an unknown scheme or a URL that does not parse (the message never repeats
-    /// the URL, which may hold a password).
-    pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        match Backend::of_url(url) {
-            Some(Backend::Postgres) => PgStore::connect_lazy(url, max_connections).map(Self::from),
-            Some(Backend::Sqlite) => {
-                SqliteStore::connect_lazy(url, max_connections).map(Self::from)
-            }
-            None => Err(StoreError::Other(
-                "database_url must start with postgres://, postgresql:// or sqlite:".into(),
-            )),
-        }
-    }
-
-    /// Which backend this is.
-    pub fn backend(&self) -> Backend {
-        match self {
-            Self::Postgres(_) => Backend::Postgres,
-            Self::Sqlite(_) => Backend::Sqlite,
-        }
-    }
-
-    /// The store, shared by the journal and the reconcile path.
-    pub fn store(&self) -> Arc<dyn JournalStore> {
-        match self {
-            Self::Postgres(store) => Arc::new(store.clone()),
-            Self::Sqlite(store) => Arc::new(store.clone()),
-        }
-    }
-
-    /// Applies pending migrations of this backend; on SQLite, first creates the file and
-    /// its directory if missing. (Creating a missing Postgres database needs its URL: see
-    /// `app::prepare_database`.)
-    ///
-    /// Errors: the database cannot be reached (`Unavailable`) or a migration fails.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(store) => store.migrate().await,
-            Self::Sqlite(store) => store.prepare().await,
-        }
-    }
-
-    /// This database, its stores counting failed statements in `metrics`.
-    pub fn with_metrics(self, metrics: crate::telemetry::Metrics) -> Self {
-        match self {
-            Self::Postgres(store) => Self::Postgres(store.with_metrics(metrics)),
-            Self::Sqlite(store) => Self::Sqlite(store.with_metrics(metrics)),
-        }
-    }
-
-    /// This database, its statements reading `clock` (shared with another, in tests).
-    pub fn with_clock(self, clock: Clock) -> Self {
-        match self {
-            Self::Postgres(store) => Self::Postgres(store.with_clock(clock)),
-            Self::Sqlite(store) => Self::Sqlite(store.with_clock(clock)),
-        }
-    }
-
-    /// The clock of its statements: the database's, unless a test moves it.
-    pub fn clock(&self) -> &Clock {
-        match self {
-            Self::Postgres(store) => store.clock(),
-            Self::Sqlite(store) => store.clock(),
-        }
-    }
-
-    /// Closes the pool, waiting for statements in flight.
-    pub async fn close(&self) {
-        match self {
-            Self::Postgres(store) => store.pool().close().await,
-            Self::Sqlite(store) => store.pool().close().await,
         }
     }
 }
@@ -262,9 +159,9 @@ pub struct ListQuery {
     pub limit: i64,
 }
 
-/// [`JournalStore::backlog_stats`] feeds the backlog gauges.
+/// [`JournalMaintenance::backlog_stats`] feeds the backlog gauges.
 #[async_trait]
-impl<T: JournalStore + ?Sized> crate::telemetry::metrics::BacklogSource for T {
+impl<T: JournalMaintenance + ?Sized> crate::telemetry::metrics::BacklogSource for T {
     type Error = StoreError;
 
     async fn backlog(&self) -> Result<BacklogStats, StoreError> {
@@ -274,16 +171,9 @@ impl<T: JournalStore + ?Sized> crate::telemetry::metrics::BacklogSource for T {
 
 /// The journal's storage contract.
 #[async_trait]
-pub trait JournalStore: Send + Sync + 'static {
-    /// Inserts a new operation already `in_progress` with attempt 1 and the given lease, in one
-    /// statement; `None` when the key already exists in the namespace (nothing is changed).
-    async fn insert_and_claim(
-        &self,
-        new: &NewOperation,
-    ) -> Result<Option<OperationRecord>, StoreError>;
-
-    /// Registers `new` like [`insert_and_claim`](Self::insert_and_claim), and when the key
-    /// already exists, answers its row in the same call: [`Registration::Inserted`] with the
+pub trait JournalStore: JournalMaintenance {
+    /// Registers `new`: inserts it already `in_progress` with attempt 1 and its lease, or,
+    /// when the key already exists, answers its row in the same call: [`Registration::Inserted`] with the
     /// new row, [`Registration::Existing`] with the existing row (nothing is changed), or
     /// [`Registration::Raced`] when the existing row could not be read (see there).
     async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError>;
@@ -400,7 +290,12 @@ pub trait JournalStore: Send + Sync + 'static {
         other_than: &OperationKey,
         window: Duration,
     ) -> Result<Option<String>, StoreError>;
+}
 
+/// The journal's upkeep, apart from its operations: retention, readiness, the backlog
+/// gauges and planner statistics. Every store offers both.
+#[async_trait]
+pub trait JournalMaintenance: Send + Sync + 'static {
     /// Deletes up to `limit` terminal operations whose retention has passed, with their
     /// history; returns how many went. Pending, in-progress and unknown operations are never
     /// deleted, whatever their age.

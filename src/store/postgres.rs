@@ -5,16 +5,16 @@
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::Arguments as _;
-use sqlx::postgres::{PgArguments, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 
-use super::sql::{Arg, CountRow, Decoded, Dialect, SqlStore, Statements};
+use super::sql::{Arg, CountRow, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
 use super::{Backend, StoreError};
 
 /// The migrations of this backend, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-const PURGE: &str = include_str!("sql/postgres/purge.sql");
+/// The purge, in one data-modifying CTE (for the query plans the benchmark shows).
+pub const PURGE: &str = include_str!("sql/postgres/purge.sql");
 
 /// How long a pooled connection may sit idle before it is pinged on its next use.
 pub const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
@@ -71,36 +71,10 @@ impl PgStore {
 
 /// Splits sqlx errors into "unavailable" (retry later, nothing changed) and the rest.
 pub(crate) fn classify(error: sqlx::Error) -> StoreError {
-    let unavailable = match &error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            // 08: connection exception; 57P01..57P03: shutdown / cannot connect now.
-            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03")
-        }),
-        _ => false,
-    };
-    if unavailable {
-        StoreError::Unavailable(Box::new(error))
-    } else {
-        StoreError::Other(Box::new(error))
-    }
-}
-
-fn arguments(args: Vec<Arg>) -> Result<PgArguments, StoreError> {
-    let mut out = PgArguments::default();
-    for arg in args {
-        match arg {
-            Arg::Text(value) => out.add(value),
-            Arg::Int(value) => out.add(value),
-            Arg::Float(value) => out.add(value),
-        }
-        .map_err(StoreError::Other)?;
-    }
-    Ok(out)
+    // 08: connection exception; 57P01..57P03: shutdown / cannot connect now.
+    classify_by(error, |code| {
+        code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+    })
 }
 
 impl Dialect for Pg {
@@ -134,19 +108,7 @@ impl Dialect for Pg {
         at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
     }
 
-    async fn fetch<R: Decoded>(
-        pool: &PgPool,
-        sql: &str,
-        args: Vec<Arg>,
-    ) -> Result<Vec<R>, StoreError> {
-        let query = sqlx::query_as_with::<_, R, _>(sqlx::AssertSqlSafe(sql), arguments(args)?);
-        query.fetch_all(pool).await.map_err(classify)
-    }
-
-    async fn execute(pool: &PgPool, sql: &str, args: Vec<Arg>) -> Result<u64, StoreError> {
-        let query = sqlx::query_with(sqlx::AssertSqlSafe(sql), arguments(args)?);
-        Ok(query.execute(pool).await.map_err(classify)?.rows_affected())
-    }
+    run_on!(PgPool, sqlx::Postgres);
 
     async fn purge(store: &PgStore, limit: i64) -> Result<u64, StoreError> {
         let purge = super::sql::Statement::new::<Pg>(PURGE);
@@ -191,40 +153,4 @@ impl Dialect for Pg {
         }
         Ok(Some(analyzed))
     }
-}
-
-/// The backlog gauges' statement (see [`crate::store::JournalStore::backlog_stats`]), as
-/// Postgres runs it: partial indexes on unknown and on review-waiting rows answer each part
-/// (`agent_operations_unknown_since`, `agent_operations_review_queue`).
-pub fn backlog_stats_sql() -> String {
-    super::sql::render::<Pg>(include_str!("sql/backlog_stats.sql"))
-}
-
-/// A statement of this backend, named by the store method that runs it, for the query
-/// plans the benchmark shows (docs/performance.md).
-#[derive(Debug, Clone)]
-pub struct ExplainedStatement {
-    /// The store method (and variant) that runs it.
-    pub name: &'static str,
-    /// The statement as the method sends it, with `$n` parameters.
-    pub sql: String,
-}
-
-/// The statements whose cost must not grow with the journal: the client hot path, the
-/// reconcile worker's scans, the purge and the operator's listings.
-pub fn explained_statements() -> Vec<ExplainedStatement> {
-    let statements = Statements::new::<Pg>();
-    let mut all: Vec<ExplainedStatement> = statements
-        .explained()
-        .into_iter()
-        .map(|(name, sql)| ExplainedStatement {
-            name,
-            sql: sql.to_owned(),
-        })
-        .collect();
-    all.push(ExplainedStatement {
-        name: "purge",
-        sql: super::sql::render::<Pg>(PURGE),
-    });
-    all
 }

@@ -18,8 +18,8 @@ use tracing::field::Empty;
 use uuid::Uuid;
 
 use super::{
-    Backend, BacklogStats, JournalStore, ListQuery, NewOperation, Registration, Resolution,
-    Settled, Settlement, StoreError,
+    Backend, BacklogStats, JournalMaintenance, JournalStore, ListQuery, NewOperation, Registration,
+    Resolution, Settled, Settlement, StoreError,
 };
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
@@ -40,6 +40,66 @@ pub enum Arg {
     /// Seconds, or any other float.
     Float(f64),
 }
+
+/// The values `args` as sqlx arguments of database `DB`.
+pub(super) fn arguments<DB: sqlx::Database>(args: Vec<Arg>) -> Result<DB::Arguments, StoreError>
+where
+    Option<String>: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    f64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    use sqlx::Arguments as _;
+    let mut out = DB::Arguments::default();
+    for arg in args {
+        match arg {
+            Arg::Text(value) => out.add(value),
+            Arg::Int(value) => out.add(value),
+            Arg::Float(value) => out.add(value),
+        }
+        .map_err(StoreError::Other)?;
+    }
+    Ok(out)
+}
+
+/// Splits sqlx errors into "unavailable" (retry later, nothing changed) and the rest; a
+/// database error is unavailable when `unavailable_code` says so of its code.
+pub(super) fn classify_by(error: sqlx::Error, unavailable_code: fn(&str) -> bool) -> StoreError {
+    let unavailable = match &error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| unavailable_code(&code)),
+        _ => false,
+    };
+    if unavailable {
+        StoreError::Unavailable(Box::new(error))
+    } else {
+        StoreError::Other(Box::new(error))
+    }
+}
+
+/// A dialect's `fetch` and `execute`: the same sqlx calls on its own pool type.
+macro_rules! run_on {
+    ($pool:ty, $db:ty) => {
+        async fn fetch<R: Decoded>(
+            pool: &$pool,
+            sql: &str,
+            args: Vec<Arg>,
+        ) -> Result<Vec<R>, StoreError> {
+            let query =
+                sqlx::query_as_with::<_, R, _>(sqlx::AssertSqlSafe(sql), arguments::<$db>(args)?);
+            query.fetch_all(pool).await.map_err(classify)
+        }
+
+        async fn execute(pool: &$pool, sql: &str, args: Vec<Arg>) -> Result<u64, StoreError> {
+            let query = sqlx::query_with(sqlx::AssertSqlSafe(sql), arguments::<$db>(args)?);
+            Ok(query.execute(pool).await.map_err(classify)?.rows_affected())
+        }
+    };
+}
+pub(super) use run_on;
 
 /// A row type both backends decode with `derive(FromRow)`.
 pub trait Decoded:
@@ -93,7 +153,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         store: &SqlStore<Self>,
         limit: i64,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-    /// See [`JournalStore::analyze_new_tables`].
+    /// See [`JournalMaintenance::analyze_new_tables`].
     fn analyze_new_tables(
         _pool: &Self::Pool,
         _min_changes: i64,
@@ -560,15 +620,6 @@ impl<D: Dialect> SqlStore<D> {
 
 #[async_trait]
 impl<D: Dialect> JournalStore for SqlStore<D> {
-    async fn insert_and_claim(
-        &self,
-        new: &NewOperation,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let insert = self.record(&self.statements.insert, new_args(new)?);
-        self.call("insert_and_claim", "INSERT", OPERATIONS, insert)
-            .await
-    }
-
     async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
         let register = async {
             let Some(statement) = &self.statements.register else {
@@ -806,7 +857,10 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         self.call("find_same_request", "SELECT", OPERATIONS, find)
             .await
     }
+}
 
+#[async_trait]
+impl<D: Dialect> JournalMaintenance for SqlStore<D> {
     async fn purge(&self, limit: i64) -> Result<u64, StoreError> {
         self.call("purge", "DELETE", OPERATIONS, D::purge(self, limit))
             .await

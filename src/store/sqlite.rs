@@ -27,18 +27,17 @@
 //!   long for the write lock, then fails as unavailable (`STORE_UNAVAILABLE`, retryable).
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr as _;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::Arguments as _;
 use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{ConnectOptions as _, Connection as _};
 
-use super::sql::{Arg, CountRow, Decoded, Dialect, SqlStore, Statement};
+use super::sql::{
+    Arg, CountRow, Decoded, Dialect, SqlStore, Statement, arguments, classify_by, run_on,
+};
 use super::{Backend, StoreError};
 
 /// The migrations of this backend (`migrations/sqlite/`), embedded in the binary. The
@@ -57,59 +56,6 @@ fn stored_time(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-/// Why a `sqlite:` URL cannot hold the journal.
-#[derive(Debug, thiserror::Error)]
-pub enum SqliteUrlError {
-    /// No file named.
-    #[error("a sqlite: database_url must name a file, e.g. sqlite://opjournal-data/journal.db")]
-    NoFile,
-    /// An in-memory database: the journal would vanish with the process.
-    #[error(
-        "an in-memory SQLite database loses the journal when the process exits; name a file, \
-         e.g. sqlite://opjournal-data/journal.db"
-    )]
-    InMemory,
-    /// Read-only or immutable: the journal must be written.
-    #[error("the journal's SQLite file must be writable (remove mode=ro / immutable)")]
-    ReadOnly,
-    /// The URL does not parse.
-    #[error("invalid sqlite: URL: {0}")]
-    Invalid(String),
-}
-
-/// The file a `sqlite:` URL names (`sqlite://relative/path.db`, `sqlite:///absolute/path.db`
-/// or `sqlite:path.db`), with the connection options the journal needs.
-///
-/// Errors: no file, an in-memory or read-only database, an unknown URL parameter.
-pub fn parse_url(url: &str) -> Result<(PathBuf, SqliteConnectOptions), SqliteUrlError> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .ok_or_else(|| SqliteUrlError::Invalid("not a sqlite: URL".into()))?;
-    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
-    if path.is_empty() {
-        return Err(SqliteUrlError::NoFile);
-    }
-    if path == ":memory:" || query.split('&').any(|pair| pair == "mode=memory") {
-        return Err(SqliteUrlError::InMemory);
-    }
-    let options =
-        SqliteConnectOptions::from_str(url).map_err(|e| SqliteUrlError::Invalid(e.to_string()))?;
-    if query
-        .split('&')
-        .any(|pair| matches!(pair, "mode=ro" | "immutable=true" | "immutable=1"))
-    {
-        return Err(SqliteUrlError::ReadOnly);
-    }
-    let file = options.get_filename().to_path_buf();
-    let options = options
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
-        .foreign_keys(true)
-        .busy_timeout(BUSY_TIMEOUT);
-    Ok((file, options))
-}
-
 /// The SQLite dialect of the one SQL store, with the file it opens.
 #[derive(Debug, Clone)]
 pub struct Lite {
@@ -121,18 +67,22 @@ pub struct Lite {
 pub type SqliteStore = SqlStore<Lite>;
 
 impl SqliteStore {
-    /// Creates a lazily connecting pool of at most `max_connections` on the file `url`
-    /// names. Nothing is created or opened yet: [`prepare`](Self::prepare) creates the file
-    /// and its schema; other commands expect it to exist.
-    ///
-    /// Errors: the URL is unusable (see [`parse_url`]).
-    pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let (file, options) = parse_url(url).map_err(|e| StoreError::Other(Box::new(e)))?;
+    /// Creates a lazily connecting pool of at most `max_connections` on the file `options`
+    /// name (checked by `app::database::sqlite`), with WAL, `synchronous = FULL`, foreign keys
+    /// and [`BUSY_TIMEOUT`]. Nothing is created or opened yet: [`prepare`](Self::prepare)
+    /// creates the file and its schema; other commands expect it to exist.
+    pub fn connect_lazy(options: SqliteConnectOptions, max_connections: u32) -> Self {
+        let file = options.get_filename().to_path_buf();
+        let options = options
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(BUSY_TIMEOUT);
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(3))
             .connect_lazy_with(options.clone());
-        Ok(Self::from_parts(pool, Lite { file, options }))
+        Self::from_parts(pool, Lite { file, options })
     }
 
     /// The journal file.
@@ -199,24 +149,12 @@ impl SqliteStore {
 
 /// Splits sqlx errors into "unavailable" (retry later, nothing changed) and the rest.
 pub(crate) fn classify(error: sqlx::Error) -> StoreError {
-    let unavailable = match &error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .and_then(|code| code.parse::<i32>().ok())
-            // The primary result code is the low byte of the extended one: SQLITE_BUSY (5),
-            // SQLITE_LOCKED (6), SQLITE_IOERR (10), SQLITE_FULL (13), SQLITE_CANTOPEN (14).
-            .is_some_and(|code| matches!(code & 0xff, 5 | 6 | 10 | 13 | 14)),
-        _ => false,
-    };
-    if unavailable {
-        StoreError::Unavailable(Box::new(error))
-    } else {
-        StoreError::Other(Box::new(error))
-    }
+    // The primary result code is the low byte of the extended one: SQLITE_BUSY (5),
+    // SQLITE_LOCKED (6), SQLITE_IOERR (10), SQLITE_FULL (13), SQLITE_CANTOPEN (14).
+    classify_by(error, |code| {
+        code.parse::<i32>()
+            .is_ok_and(|code| matches!(code & 0xff, 5 | 6 | 10 | 13 | 14))
+    })
 }
 
 /// Whether `error` is SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock.
@@ -231,19 +169,6 @@ fn is_busy(error: &StoreError) -> bool {
             .is_some_and(|code| matches!(code & 0xff, 5 | 6)),
         _ => false,
     }
-}
-
-fn arguments(args: Vec<Arg>) -> Result<SqliteArguments, StoreError> {
-    let mut out = SqliteArguments::default();
-    for arg in args {
-        match arg {
-            Arg::Text(value) => out.add(value),
-            Arg::Int(value) => out.add(value),
-            Arg::Float(value) => out.add(value),
-        }
-        .map_err(StoreError::Other)?;
-    }
-    Ok(out)
 }
 
 /// The database clock as stored: UTC, milliseconds, fixed width.
@@ -277,25 +202,13 @@ impl Dialect for Lite {
         stored_time(at)
     }
 
-    async fn fetch<R: Decoded>(
-        pool: &SqlitePool,
-        sql: &str,
-        args: Vec<Arg>,
-    ) -> Result<Vec<R>, StoreError> {
-        let query = sqlx::query_as_with::<_, R, _>(sqlx::AssertSqlSafe(sql), arguments(args)?);
-        query.fetch_all(pool).await.map_err(classify)
-    }
-
-    async fn execute(pool: &SqlitePool, sql: &str, args: Vec<Arg>) -> Result<u64, StoreError> {
-        let query = sqlx::query_with(sqlx::AssertSqlSafe(sql), arguments(args)?);
-        Ok(query.execute(pool).await.map_err(classify)?.rows_affected())
-    }
+    run_on!(SqlitePool, sqlx::Sqlite);
 
     /// SQLite has no data-modifying CTE: the batch, its history and the operations go in one
     /// short write transaction, taken up front so the batch cannot change under it.
     async fn purge(store: &SqliteStore, limit: i64) -> Result<u64, StoreError> {
         let select = Statement::new::<Lite>(include_str!("sql/sqlite/purge_select.sql"));
-        let args = arguments(store.args(&select, vec![Arg::Int(limit)]))?;
+        let args = arguments::<sqlx::Sqlite>(store.args(&select, vec![Arg::Int(limit)]))?;
         let mut tx = store
             .pool
             .begin_with("BEGIN IMMEDIATE")
@@ -331,36 +244,6 @@ impl Dialect for Lite {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls_name_a_writable_file() {
-        let (file, _) = parse_url("sqlite://opjournal-data/journal.db").unwrap();
-        assert_eq!(file, Path::new("opjournal-data/journal.db"));
-        let (file, _) = parse_url("sqlite:///var/lib/opjournal/journal.db").unwrap();
-        assert_eq!(file, Path::new("/var/lib/opjournal/journal.db"));
-        let (file, _) = parse_url("sqlite:journal.db").unwrap();
-        assert_eq!(file, Path::new("journal.db"));
-        assert!(matches!(
-            parse_url("sqlite::memory:"),
-            Err(SqliteUrlError::InMemory)
-        ));
-        assert!(matches!(
-            parse_url("sqlite://x.db?mode=memory"),
-            Err(SqliteUrlError::InMemory)
-        ));
-        assert!(matches!(
-            parse_url("sqlite://x.db?mode=ro"),
-            Err(SqliteUrlError::ReadOnly)
-        ));
-        assert!(matches!(
-            parse_url("sqlite://"),
-            Err(SqliteUrlError::NoFile)
-        ));
-        assert!(matches!(
-            parse_url("sqlite://x.db?colour=blue"),
-            Err(SqliteUrlError::Invalid(_))
-        ));
-    }
 
     #[test]
     fn stored_times_are_fixed_width_utc_milliseconds() {

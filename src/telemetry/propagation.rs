@@ -25,29 +25,7 @@ impl TraceParent {
     /// version read by its version-00 prefix; `None` for anything invalid, including
     /// all-zero ids.
     pub fn parse(value: &str) -> Option<Self> {
-        let value = value.trim_matches(|c| c == ' ' || c == '\t');
-        let bytes = value.as_bytes();
-        let hex = |range: std::ops::Range<usize>| {
-            bytes
-                .get(range)
-                .is_some_and(|part| part.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
-        };
-        let dashes = [2, 35, 52].iter().all(|&i| bytes.get(i) == Some(&b'-'));
-        let version_ok = hex(0..2) && !value.starts_with("ff");
-        let length_ok = if value.starts_with("00") {
-            bytes.len() == 55
-        } else {
-            bytes.len() == 55 || bytes.get(55) == Some(&b'-')
-        };
-        if !(version_ok && length_ok && dashes && hex(3..35) && hex(36..52) && hex(53..55)) {
-            return None;
-        }
-        let trace_id = &value[3..35];
-        let span_id = &value[36..52];
-        if trace_id.bytes().all(|b| b == b'0') || span_id.bytes().all(|b| b == b'0') {
-            return None;
-        }
-        Some(Self(format!("00-{trace_id}-{span_id}-{}", &value[53..55])))
+        opjournal_traceparent::normalize(value).map(Self)
     }
 
     /// The `traceparent` of a span context; `None` when it is invalid.

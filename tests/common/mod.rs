@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use opjournal::api::auth::BearerToken;
 use opjournal::api::{self, Authenticator, ServeOptions};
+use opjournal::app::Database;
 use opjournal::app::{self, Components};
 use opjournal::domain::policy::Policy;
 use opjournal::journal::RequestLimits;
@@ -20,9 +21,9 @@ use opjournal::proto::operation_journal_client::OperationJournalClient;
 use opjournal::proto::reconciler_client::ReconcilerClient;
 use opjournal::proto::{self, BeginOperationRequest, BeginOperationResponse, Decision};
 use opjournal::reconcile::AdapterSet;
-use opjournal::sandbox::{self, KeyCounts, Sandbox, SandboxConfig};
-use opjournal::store::{Database, PgStore, SqliteStore};
+use opjournal::store::{PgStore, SqliteStore};
 use opjournal::telemetry::Metrics;
+use opjournal_sandbox::{self as sandbox, KeyCounts, Sandbox, SandboxConfig};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
@@ -48,7 +49,7 @@ impl TestDb {
     pub async fn sqlite() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("data/journal.db").display());
-        let store = SqliteStore::connect_lazy(&url, 10).unwrap();
+        let store = opjournal::app::database::sqlite(&url, 10).unwrap();
         store.prepare().await.unwrap();
         Self::Sqlite {
             store,

@@ -104,7 +104,7 @@ pub async fn check_exactly_one_effect_and_the_conflict(app: &TestApp) {
     assert_eq!(reason(&conflict), "IDEMPOTENCY_KEY_REUSED");
     assert_eq!(
         app.counts(PAYMENT_KEY),
-        opjournal::sandbox::KeyCounts {
+        opjournal_sandbox::KeyCounts {
             requests: 1,
             effects: 1,
             lookups: counts.lookups

@@ -123,7 +123,7 @@ impl Demo {
         let policy = dir.join("policy.yaml");
         std::fs::write(
             &policy,
-            opjournal::sandbox::payments_policy_yaml(&sandbox_url, "`opjournal demo`"),
+            opjournal::children::payments_policy_yaml(&sandbox_url, "`opjournal demo`"),
         )
         .context("cannot write the policy")?;
         let policy = policy.display().to_string();

@@ -4,10 +4,11 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use opjournal::app::Database;
 use opjournal::cli::{CommonFlags, ServeFlags};
 use opjournal::config::Config;
 use opjournal::ops::OpsCommand;
-use opjournal::store::{Backend, Database};
+use opjournal::store::Backend;
 use opjournal::telemetry::{Metrics, Telemetry, TelemetryOptions};
 use opjournal::{api, app, ops};
 use tokio_util::sync::CancellationToken;

@@ -2,7 +2,7 @@
 
 use axum::http::{HeaderMap, StatusCode};
 
-use crate::sandbox::error::ApiError;
+use crate::error::ApiError;
 
 /// Name of the fault-injection header.
 pub(crate) const FAULT_HEADER: &str = "x-sandbox-fault";

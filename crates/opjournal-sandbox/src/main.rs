@@ -1,5 +1,5 @@
 //! `opjournal-sandbox`: runs the fake payment/e-mail provider of
-//! [`opjournal::sandbox`] over HTTP until SIGTERM or Ctrl-C.
+//! [`opjournal_sandbox`] over HTTP until SIGTERM or Ctrl-C.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use opjournal::sandbox::{Sandbox, SandboxConfig};
+use opjournal_sandbox::{Sandbox, SandboxConfig};
 use tracing_subscriber::EnvFilter;
 
 /// Fake HTTP payment and e-mail provider with an in-memory store, for tests,

@@ -7,8 +7,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post, put};
 
-use crate::sandbox::error::ApiError;
-use crate::sandbox::{Sandbox, admin, emails, payments};
+use crate::error::ApiError;
+use crate::{Sandbox, admin, emails, payments};
 
 /// Builds the full HTTP API bound to `sandbox`.
 pub(crate) fn router(sandbox: Sandbox) -> Router {

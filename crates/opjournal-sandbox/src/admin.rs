@@ -10,9 +10,9 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::sandbox::error::{ApiError, body_bytes};
-use crate::sandbox::payments::path_param;
-use crate::sandbox::{KeyCounts, Sandbox};
+use crate::error::{ApiError, body_bytes};
+use crate::payments::path_param;
+use crate::{KeyCounts, Sandbox};
 
 /// Answer of `GET /v1/effects/{key}`.
 #[derive(Serialize)]

@@ -5,8 +5,8 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::sandbox::KeyCounts;
-use crate::sandbox::tests::*;
+use crate::KeyCounts;
+use crate::tests::*;
 
 #[tokio::test]
 async fn create_then_replay_keeps_one_effect() {

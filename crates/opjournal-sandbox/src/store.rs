@@ -7,7 +7,7 @@ use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::sandbox::KeyCounts;
+use crate::KeyCounts;
 
 /// A payment as the API shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -77,7 +77,7 @@ pub(crate) enum PaymentOutcome {
     KeyReused,
 }
 
-/// All sandbox data; lives behind the [`crate::sandbox::Sandbox`] mutex.
+/// All sandbox data; lives behind the [`crate::Sandbox`] mutex.
 pub(crate) struct Store {
     lookup_lag: Duration,
     payments_by_key: HashMap<String, StoredPayment>,
@@ -108,11 +108,11 @@ impl Store {
 
     /// Remembers the W3C `traceparent` a lookup of `key` carried (only valid values).
     pub fn note_lookup_traceparent(&mut self, key: &str, traceparent: &str) {
-        if let Some(valid) = crate::telemetry::propagation::TraceParent::parse(traceparent) {
+        if let Some(valid) = opjournal_traceparent::normalize(traceparent) {
             self.lookup_traceparents
                 .entry(key.to_owned())
                 .or_default()
-                .push(valid.to_string());
+                .push(valid);
         }
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::sandbox::{Sandbox, SandboxConfig, spawn};
+use crate::{Sandbox, SandboxConfig, spawn};
 
 mod faults;
 mod lookups;

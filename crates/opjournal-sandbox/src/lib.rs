@@ -57,7 +57,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::sandbox::store::Store;
+use crate::store::Store;
 
 /// Start-up settings of a [`Sandbox`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +122,7 @@ impl Sandbox {
     /// The HTTP API of this sandbox as an axum router (state already bound),
     /// with request logging (method, route template, status).
     pub fn router(&self) -> axum::Router {
-        crate::sandbox::routes::router(self.clone())
+        crate::routes::router(self.clone())
     }
 
     /// Binds nothing itself: serves on the given listener until `shutdown`
@@ -194,34 +194,4 @@ pub async fn spawn(config: SandboxConfig) -> std::io::Result<(String, Sandbox)> 
         }
     });
     Ok((format!("http://{addr}"), sandbox))
-}
-
-/// An action policy file (YAML) for a stand around this sandbox, as `opjournal demo` and
-/// `opjournal-bench` write it: `create_payment` with a 30 s lease, reconciled before any
-/// retry through the sandbox's search by idempotency key at `sandbox_url` (first check at
-/// once, then every second, absence trusted after 60 s). `written_by` names the writer in the
-/// file's first line.
-pub fn payments_policy_yaml(sandbox_url: &str, written_by: &str) -> String {
-    format!(
-        r#"# Written by {written_by}.
-actions:
-  create_payment:
-    lease_seconds: 30
-    retry:
-      on_timeout: reconcile_before_retry
-    reconcile:
-      adapter: sandbox_payments
-      first_check_after_seconds: 0
-      interval_seconds: 1
-      absence_grace_seconds: 60
-adapters:
-  sandbox_payments:
-    kind: http
-    url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
-    timeout_seconds: 2
-    search_complete: true
-    absent_match: {{ pointer: /error, values: [not_found] }}
-    response: {{ status_pointer: /status, succeeded_values: [succeeded], external_id_pointer: /id }}
-"#
-    )
 }

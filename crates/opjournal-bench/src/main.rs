@@ -3,7 +3,7 @@
 //! Starts the sandbox provider and the server (and, for the backlog, the reconcile worker)
 //! as processes on free local ports, each on a database of its own that the benchmark
 //! creates; drives N gRPC clients through the real API for a fixed time; runs pgbench on the
-//! reference SQL of `bench/pgbench/` against the same Postgres in the same run; prints the
+//! reference SQL of `crates/opjournal-bench/pgbench/` against the same Postgres in the same run; prints the
 //! journal's figures as ratios to pgbench's, checks them against the targets and writes
 //! everything to a JSON report. With `--preload N` it repeats the run on a journal holding
 //! N operations and shows the hot-path query plans there. See docs/performance.md.
@@ -402,7 +402,7 @@ impl Bench {
         let policy = dir.join("policy.yaml");
         std::fs::write(
             &policy,
-            opjournal::sandbox::payments_policy_yaml(&sandbox_url, "opjournal-bench"),
+            opjournal::children::payments_policy_yaml(&sandbox_url, "opjournal-bench"),
         )?;
         let max_connections = self.max_connections().to_string();
         let policy_arg = policy.display().to_string();

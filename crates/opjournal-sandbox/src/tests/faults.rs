@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::sandbox::tests::*;
-use crate::sandbox::{KeyCounts, Sandbox, SandboxConfig};
+use crate::tests::*;
+use crate::{KeyCounts, Sandbox, SandboxConfig};
 
 #[tokio::test]
 async fn commit_then_timeout_stores_the_effect() {

@@ -1,4 +1,4 @@
-//! The physical limit: pgbench running the reference SQL of `bench/pgbench/` on the same
+//! The physical limit: pgbench running the reference SQL of `crates/opjournal-bench/pgbench/` on the same
 //! Postgres, with as many clients as the journal's run, in a database of its own.
 
 use std::path::{Path, PathBuf};
@@ -36,10 +36,10 @@ impl Reference {
     }
 }
 
-/// The folder of the reference SQL: `bench/pgbench` of the source tree this binary was
-/// built from, unless given.
+/// The folder of the reference SQL: `crates/opjournal-bench/pgbench` of the source tree this
+/// binary was built from, unless given.
 pub fn default_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/pgbench")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("pgbench")
 }
 
 /// Creates the reference table in `url`'s database from `schema.sql`, then runs each script

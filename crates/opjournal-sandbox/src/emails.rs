@@ -8,11 +8,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::sandbox::Sandbox;
-use crate::sandbox::error::{ApiError, body_bytes, parse_object, required_str};
-use crate::sandbox::fault::Fault;
-use crate::sandbox::payments::path_param;
-use crate::sandbox::store::Email;
+use crate::Sandbox;
+use crate::error::{ApiError, body_bytes, parse_object, required_str};
+use crate::fault::Fault;
+use crate::payments::path_param;
+use crate::store::Email;
 
 /// Answer of `GET /v1/emails/by-reference/{reference}`.
 #[derive(Serialize)]
@@ -81,7 +81,7 @@ pub(crate) async fn by_reference(
     let reference = path_param(reference)?;
     let found = {
         let mut store = sandbox.lock();
-        crate::sandbox::payments::note_traceparent(&mut store, &reference, &headers);
+        crate::payments::note_traceparent(&mut store, &reference, &headers);
         store.email_by_reference(&reference)
     };
     found

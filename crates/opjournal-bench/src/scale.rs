@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use opjournal::store::JournalStore as _;
+use opjournal::store::JournalMaintenance as _;
 use opjournal::store::postgres::PgStore;
 use serde_json::{Value, json};
 use sqlx::{Executor as _, PgPool, Row as _};
@@ -283,12 +283,18 @@ pub async fn plans(url: &str) -> anyhow::Result<Vec<(String, String, bool)>> {
         .execute("SET plan_cache_mode = force_generic_plan")
         .await?;
     let mut plans = Vec::new();
-    for statement in opjournal::store::postgres::explained_statements() {
-        let prepare = format!("PREPARE bench_plan AS {}", statement.sql);
+    let store = opjournal::store::PgStore::connect_lazy(url, 1)?;
+    let mut statements: Vec<(&str, String)> = (store.statements().explained().into_iter())
+        .map(|(name, sql)| (name, sql.to_owned()))
+        .collect();
+    let purge = opjournal::store::sql::render::<opjournal::store::postgres::Pg>;
+    statements.push(("purge", purge(opjournal::store::postgres::PURGE)));
+    for (name, sql) in statements {
+        let prepare = format!("PREPARE bench_plan AS {sql}");
         connection
             .execute(sqlx::AssertSqlSafe(prepare))
             .await
-            .with_context(|| format!("cannot prepare {}", statement.name))?;
+            .with_context(|| format!("cannot prepare {}", name))?;
         // A generic plan does not depend on the values: every parameter is given as NULL.
         let parameters: i64 = sqlx::query_scalar(
             "SELECT cardinality(parameter_types)::int8 FROM pg_prepared_statements \
@@ -306,11 +312,11 @@ pub async fn plans(url: &str) -> anyhow::Result<Vec<(String, String, bool)>> {
         let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
             .fetch_all(&mut connection)
             .await
-            .with_context(|| format!("cannot explain {}", statement.name))?;
+            .with_context(|| format!("cannot explain {}", name))?;
         connection.execute("DEALLOCATE bench_plan").await?;
         let plan = lines.join("\n");
         let scans_table = lines.iter().any(|line| line.contains("Seq Scan"));
-        plans.push((statement.name.to_owned(), plan, scans_table));
+        plans.push((name.to_owned(), plan, scans_table));
     }
     Ok(plans)
 }

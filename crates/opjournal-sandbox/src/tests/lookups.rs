@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::sandbox::KeyCounts;
-use crate::sandbox::tests::*;
+use crate::KeyCounts;
+use crate::tests::*;
 
 #[tokio::test]
 async fn lookup_lag_hides_then_shows() {

@@ -7,20 +7,16 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::sandbox::Sandbox;
-use crate::sandbox::error::{ApiError, body_bytes, parse_object, required_str};
-use crate::sandbox::fault::Fault;
-use crate::sandbox::store::PaymentOutcome;
+use crate::Sandbox;
+use crate::error::{ApiError, body_bytes, parse_object, required_str};
+use crate::fault::Fault;
+use crate::store::PaymentOutcome;
 
 /// Name of the idempotency header.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// Remembers the `traceparent` of a lookup of `key` (see [`Sandbox::lookup_traceparents`]).
-pub(crate) fn note_traceparent(
-    store: &mut crate::sandbox::store::Store,
-    key: &str,
-    headers: &HeaderMap,
-) {
+pub(crate) fn note_traceparent(store: &mut crate::store::Store, key: &str, headers: &HeaderMap) {
     if let Some(value) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
         store.note_lookup_traceparent(key, value);
     }
