@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use crate::config::Backend;
 use crate::config::parse_url;
 use crate::store::sql::Clock;
-use crate::store::{Backend, JournalStore, PgStore, SqliteStore, StoreError};
+use crate::store::{JournalStore, PgStore, SqliteStore, StoreError};
 
 /// The journal's database, of either backend.
 #[derive(Debug, Clone)]

@@ -37,44 +37,6 @@ pub use postgres::PgStore;
 pub use sql::{Clock, SqlStore};
 pub use sqlite::SqliteStore;
 
-/// The storage backend a database URL selects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// `postgres://` or `postgresql://`.
-    Postgres,
-    /// `sqlite:` (e.g. `sqlite://opjournal-data/journal.db`): the embedded journal file.
-    Sqlite,
-}
-
-impl Backend {
-    /// The backend of `url`, by its scheme; `None` for any other scheme.
-    pub fn of_url(url: &str) -> Option<Self> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Some(Self::Postgres)
-        } else if url.starts_with("sqlite:") {
-            Some(Self::Sqlite)
-        } else {
-            None
-        }
-    }
-
-    /// The OpenTelemetry `db.system.name` of the backend: `postgresql` or `sqlite`.
-    pub fn otel_system(self) -> &'static str {
-        match self {
-            Self::Postgres => "postgresql",
-            Self::Sqlite => "sqlite",
-        }
-    }
-
-    /// `postgres` or `sqlite`, for logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Postgres => "postgres",
-            Self::Sqlite => "sqlite",
-        }
-    }
-}
-
 /// A storage failure, split by what the caller can do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

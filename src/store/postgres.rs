@@ -7,8 +7,8 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
+use super::StoreError;
 use super::sql::{Arg, CountRow, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
-use super::{Backend, StoreError};
 
 /// The migrations of this backend, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -79,7 +79,7 @@ pub(crate) fn classify(error: sqlx::Error) -> StoreError {
 
 impl Dialect for Pg {
     type Pool = PgPool;
-    const BACKEND: Backend = Backend::Postgres;
+    const SYSTEM: &'static str = "postgresql";
     const REGISTER: Option<&'static str> = Some(include_str!("sql/postgres/register.sql"));
     const SETTLE_WITH_PREVIOUS: Option<&'static str> =
         Some(include_str!("sql/postgres/settle_with_previous.sql"));

@@ -18,7 +18,7 @@ use tracing::field::Empty;
 use uuid::Uuid;
 
 use super::{
-    Backend, BacklogStats, JournalMaintenance, JournalStore, ListQuery, NewOperation, Registration,
+    BacklogStats, JournalMaintenance, JournalStore, ListQuery, NewOperation, Registration,
     Resolution, Settled, Settlement, StoreError,
 };
 use crate::domain::canonical::RequestHash;
@@ -120,8 +120,8 @@ impl<T> Decoded for T where
 pub trait Dialect: Send + Sync + Sized + 'static {
     /// The connection pool.
     type Pool: Clone + Send + Sync + std::fmt::Debug + 'static;
-    /// Which backend this is.
-    const BACKEND: Backend;
+    /// The OpenTelemetry `db.system.name` of the backend: `postgresql` or `sqlite`.
+    const SYSTEM: &'static str;
     /// `register` in one statement, when the backend can (else insert, then get).
     const REGISTER: Option<&'static str>;
     /// `settle_with_previous` in one statement, when the backend can (else get, then settle).
@@ -474,7 +474,7 @@ impl<D: Dialect> SqlStore<D> {
                 otel.name = name,
                 otel.kind = "client",
                 otel.status_code = Empty,
-                db.system.name = D::BACKEND.otel_system(),
+                db.system.name = D::SYSTEM,
                 db.operation.name = operation,
                 db.collection.name = collection,
                 opjournal.store.method = method,

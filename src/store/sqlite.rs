@@ -35,10 +35,10 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions as _, Connection as _};
 
+use super::StoreError;
 use super::sql::{
     Arg, CountRow, Decoded, Dialect, SqlStore, Statement, arguments, classify_by, run_on,
 };
-use super::{Backend, StoreError};
 
 /// The migrations of this backend (`migrations/sqlite/`), embedded in the binary. The
 /// Postgres migrator reads only the files directly in `migrations/`, never this directory.
@@ -176,7 +176,7 @@ const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', coalesce($1, 'now')";
 
 impl Dialect for Lite {
     type Pool = SqlitePool;
-    const BACKEND: Backend = Backend::Sqlite;
+    const SYSTEM: &'static str = "sqlite";
     const REGISTER: Option<&'static str> = None;
     const SETTLE_WITH_PREVIOUS: Option<&'static str> = None;
     const SWEEP: &'static str = include_str!("sql/sqlite/sweep.sql");
