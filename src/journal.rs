@@ -644,18 +644,8 @@ impl Journal {
         before: Option<Status>,
         settlement: Settlement,
     ) -> Result<(OperationRecord, Option<Status>), JournalError> {
-        let applied = match before {
-            Some(before) => self
-                .store
-                .settle(token, &settlement)
-                .await?
-                .map(|record| (record, before)),
-            None => self
-                .store
-                .settle_with_previous(token, &settlement)
-                .await?
-                .map(|settled| (settled.record, settled.previous)),
-        };
+        let applied = self.store.settle(token, &settlement).await?;
+        let applied = applied.map(|settled| (settled.record, before.unwrap_or(settled.previous)));
         // Applied or not, this lease reports nothing more that needs its rules.
         self.leases.forget(token);
         if let Some((record, from)) = applied {

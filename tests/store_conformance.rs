@@ -162,6 +162,7 @@ impl Fixture {
             .await
             .unwrap()
             .unwrap()
+            .record
     }
 }
 
@@ -486,7 +487,7 @@ async fn concurrent_reports_of_one_lease_apply_once(fx: &Fixture) {
     }
     assert_eq!(applied.len(), 1, "a lease holder's report applies once");
     let row = fx.get("k").await;
-    assert_eq!(row.status, applied[0].status);
+    assert_eq!(row.status, applied[0].record.status);
     assert!(row.status.is_terminal());
     assert_eq!(fx.history("k").await.len(), 2);
 }
@@ -516,8 +517,8 @@ async fn a_holder_reports_once_even_after_the_sweep(fx: &Fixture) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(late.status, Status::Succeeded);
-    assert_eq!(late.external_id.as_deref(), Some("pay_2"));
+    assert_eq!(late.record.status, Status::Succeeded);
+    assert_eq!(late.record.external_id.as_deref(), Some("pay_2"));
     // A token of another lease id is refused.
     let other = fx.register("other", LEASE).await;
     let forged = LeaseToken {
@@ -1350,7 +1351,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     let live = fx.register("live", LEASE).await;
     let Settled { record, previous } = fx
         .store
-        .settle_with_previous(&token(&live), &succeeded("pay_1"))
+        .settle(&token(&live), &succeeded("pay_1"))
         .await
         .unwrap()
         .unwrap();
@@ -1364,7 +1365,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     for report in [succeeded("pay_1"), declined(), timed_out()] {
         assert!(
             fx.store
-                .settle_with_previous(&token(&live), &report)
+                .settle(&token(&live), &report)
                 .await
                 .unwrap()
                 .is_none()
@@ -1379,7 +1380,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
     let Settled { record, previous } = fx
         .store
-        .settle_with_previous(&token(&swept), &declined())
+        .settle(&token(&swept), &declined())
         .await
         .unwrap()
         .unwrap();
@@ -1421,7 +1422,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
         .unwrap();
     let Settled { record, previous } = fx
         .store
-        .settle_with_previous(&token(&released), &timed_out())
+        .settle(&token(&released), &timed_out())
         .await
         .unwrap()
         .unwrap();
@@ -1444,7 +1445,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     for token in [forged, stale] {
         assert!(
             fx.store
-                .settle_with_previous(&token, &succeeded("pay_3"))
+                .settle(&token, &succeeded("pay_3"))
                 .await
                 .unwrap()
                 .is_none()
@@ -1458,7 +1459,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     };
     assert!(
         fx.store
-            .settle_with_previous(&missing, &declined())
+            .settle(&missing, &declined())
             .await
             .unwrap()
             .is_none()
@@ -1547,7 +1548,7 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     );
     assert_eq!(calls, ["register"]);
     let (kept, calls) = store_calls(journal.complete(&token, "pay_1", result)).await;
-    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(calls, ["settle"]);
     let kept = kept.unwrap();
     assert_eq!(kept.status, Status::Succeeded);
     let (replay, calls) = store_calls(begin(journal.clone(), "k1")).await;
@@ -1562,11 +1563,11 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     let token = lease(begin(journal.clone(), "k2").await);
     let (failed, calls) = store_calls(journal.fail(&token, "card_declined")).await;
     assert_eq!(failed.unwrap().status, Status::FailedFinal);
-    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(calls, ["settle"]);
     let token = lease(begin(journal.clone(), "k3").await);
     let (unknown, calls) = store_calls(journal.report_unknown(&token, "timeout")).await;
     assert_eq!(unknown.unwrap().status, Status::Unknown);
-    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(calls, ["settle"]);
 
     // On another replica a result is sanitized by the rules read from the row, the same way.
     let token = lease(begin(journal.clone(), "k4").await);
@@ -1580,7 +1581,7 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     // Without a result, no rules are needed anywhere.
     let token = lease(begin(journal.clone(), "k6").await);
     let (elsewhere, calls) = store_calls(replica.complete(&token, "pay_6", "")).await;
-    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(calls, ["settle"]);
     assert_eq!(elsewhere.unwrap().result_json, None);
     assert_eq!(fx.history("k6").await.len(), 2);
 
@@ -1602,7 +1603,7 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     journal.renew(&token, 30).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let (renewed, calls) = store_calls(journal.complete(&token, "pay_8", result)).await;
-    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(calls, ["settle"]);
     assert_eq!(renewed.unwrap().result_json, kept.result_json);
 }
 
@@ -1995,8 +1996,7 @@ async fn a_report_racing_a_change_of_its_row_sees_the_change_on_postgres(pool: P
     .unwrap();
     let store = fx.store.clone();
     let token_swept = token(&swept);
-    let report =
-        tokio::spawn(async move { store.settle_with_previous(&token_swept, &declined()).await });
+    let report = tokio::spawn(async move { store.settle(&token_swept, &declined()).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!report.is_finished(), "the report waits for the sweep");
     sweep.commit().await.unwrap();
@@ -2029,11 +2029,7 @@ async fn a_report_racing_a_change_of_its_row_sees_the_change_on_postgres(pool: P
     .unwrap();
     let store = fx.store.clone();
     let token_taken = token(&taken);
-    let report = tokio::spawn(async move {
-        store
-            .settle_with_previous(&token_taken, &succeeded("pay_1"))
-            .await
-    });
+    let report = tokio::spawn(async move { store.settle(&token_taken, &succeeded("pay_1")).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!report.is_finished(), "the report waits for the takeover");
     takeover.commit().await.unwrap();

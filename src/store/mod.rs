@@ -9,7 +9,7 @@
 //! Every method is a single statement (one round trip, one commit): no transaction is ever
 //! held open across anything slow. Methods that change a row take the state the caller
 //! read and return `None` when the row no longer matches it; the caller decides what that
-//! means. On SQLite, [`JournalStore::register`] and [`JournalStore::settle_with_previous`]
+//! means. On SQLite, [`JournalStore::register`] and [`JournalStore::settle`]
 //! take two statements (Postgres answers each in one).
 
 pub mod copy;
@@ -96,7 +96,7 @@ pub enum Registration {
     Raced,
 }
 
-/// A report applied by [`JournalStore::settle_with_previous`].
+/// A report applied by [`JournalStore::settle`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settled {
     /// The row after the report.
@@ -160,21 +160,13 @@ pub trait JournalStore: JournalMaintenance {
     ) -> Result<Option<OperationRecord>, StoreError>;
 
     /// Applies a lease holder's report if the token's lease is still the row's (same attempt
-    /// and lease id) and the row is in a status the report may leave.
-    async fn settle(
-        &self,
-        token: &LeaseToken,
-        settlement: &Settlement,
-    ) -> Result<Option<OperationRecord>, StoreError>;
-
-    /// Applies a report like [`settle`](Self::settle) and also answers the status the row
-    /// left, read from the version the report changed; `None` when the report does not apply
-    /// (nothing is changed).
+    /// and lease id) and the row is in a status the report may leave, and answers the row
+    /// with the status it left; `None` when the report does not apply (nothing is changed).
     ///
     /// SQLite reads the row, then settles (the status read may be older than the one the
     /// report changed if another writer came in between, as when the caller reads first).
     /// Postgres answers in one statement, from the row version it changed.
-    async fn settle_with_previous(
+    async fn settle(
         &self,
         token: &LeaseToken,
         settlement: &Settlement,

@@ -124,7 +124,8 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     const SYSTEM: &'static str;
     /// `register` in one statement, when the backend can (else insert, then get).
     const REGISTER: Option<&'static str>;
-    /// `settle_with_previous` in one statement, when the backend can (else get, then settle).
+    /// `settle` in one statement, answering the status it left, when the backend can (else
+    /// get, then the plain report).
     const SETTLE_WITH_PREVIOUS: Option<&'static str>;
     /// The batch claims: the lease sweep and the reconcile claim.
     const SWEEP: &'static str;
@@ -319,7 +320,7 @@ impl Statements {
             ("list_review", self.list_review.sql()),
         ];
         if let Some(settle) = &self.settle_with_previous {
-            all[1] = ("settle_with_previous (succeeded)", settle[0].sql());
+            all[1].1 = settle[0].sql();
         }
         all
     }
@@ -670,16 +671,6 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         &self,
         token: &LeaseToken,
         settlement: &Settlement,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let (variant, args) = report_args(token, settlement);
-        self.one("settle", &self.statements.settle[variant], args)
-            .await
-    }
-
-    async fn settle_with_previous(
-        &self,
-        token: &LeaseToken,
-        settlement: &Settlement,
     ) -> Result<Option<Settled>, StoreError> {
         let (variant, args) = report_args(token, settlement);
         let settle = async {
@@ -704,8 +695,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
                 previous: before.status,
             }))
         };
-        self.call("settle_with_previous", "UPDATE", OPERATIONS, settle)
-            .await
+        self.call("settle", "UPDATE", OPERATIONS, settle).await
     }
 
     async fn renew(
