@@ -111,7 +111,7 @@ impl Dialect for Pg {
     run_on!(PgPool, sqlx::Postgres);
 
     async fn purge(store: &PgStore, limit: i64) -> Result<u64, StoreError> {
-        let purge = super::sql::Statement::new::<Pg>(PURGE);
+        let purge = super::sql::Statement::new::<Pg>("purge", "DELETE", PURGE);
         let rows: Vec<CountRow> = store.rows(&purge, vec![Arg::Int(limit)]).await?;
         Ok(rows
             .first()

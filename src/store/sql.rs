@@ -210,18 +210,31 @@ pub fn render<D: Dialect>(template: &str) -> String {
     out
 }
 
-/// A rendered statement: `clocked` when it reads the clock, bound as `$1`.
+/// A rendered statement: `clocked` when it reads the clock, bound as `$1`; `method` is the
+/// store method that sends it and `operation` its kind, for its span and error count. Its
+/// table is `operation_events` for `history`, `agent_operations` for every other method.
 #[derive(Debug, Clone)]
 pub struct Statement {
     sql: String,
     clocked: bool,
+    method: &'static str,
+    operation: &'static str,
 }
 
 impl Statement {
-    pub(super) fn new<D: Dialect>(template: &str) -> Self {
+    pub(super) fn new<D: Dialect>(
+        method: &'static str,
+        operation: &'static str,
+        template: &str,
+    ) -> Self {
         let sql = render::<D>(template);
         let clocked = binds_first(&sql) && !binds_first(template);
-        Self { sql, clocked }
+        Self {
+            sql,
+            clocked,
+            method,
+            operation,
+        }
     }
 
     /// The statement as sent, with `$n` parameters.
@@ -279,25 +292,39 @@ const RESOLUTIONS: [&str; 5] = [
 impl Statements {
     pub(super) fn new<D: Dialect>() -> Self {
         let st = Statement::new::<D>;
-        let settle = |template: &str| SETTLEMENTS.map(|s| st(&with(template, "settlement", s)));
+        let update = |m, t: &str| st(m, "UPDATE", t);
+        // The statement of method `$name`, in `sql/$name.sql`.
+        macro_rules! file {
+            ($operation:literal $name:ident) => {{
+                let name = stringify!($name);
+                st(
+                    name,
+                    $operation,
+                    include_str!(concat!("sql/", stringify!($name), ".sql")),
+                )
+            }};
+        }
+        let settle = |template: &str| {
+            SETTLEMENTS.map(|s| update("settle", &with(template, "settlement", s)))
+        };
+        let resolve = include_str!("sql/resolve.sql");
         Self {
-            insert: st("{@insert} RETURNING {@columns}"),
-            register: D::REGISTER.map(st),
-            get: st(include_str!("sql/get.sql")),
-            claim: st(include_str!("sql/claim.sql")),
+            insert: st("register", "INSERT", "{@insert} RETURNING {@columns}"),
+            register: D::REGISTER.map(|t| st("register", "INSERT", t)),
+            get: file!("SELECT" get),
+            claim: file!("UPDATE" claim),
             settle: settle(include_str!("sql/settle.sql")),
             settle_with_previous: D::SETTLE_WITH_PREVIOUS.map(settle),
-            renew: st(include_str!("sql/renew.sql")),
-            list: st(include_str!("sql/list.sql")),
-            resolve: RESOLUTIONS
-                .map(|r| st(&with(include_str!("sql/resolve.sql"), "resolution", r))),
-            sweep: st(D::SWEEP),
-            list_review: st(include_str!("sql/list_review.sql")),
-            history: st(include_str!("sql/history.sql")),
-            claim_due: st(D::CLAIM_DUE),
-            claim_for_reconcile: st(include_str!("sql/claim_for_reconcile.sql")),
-            find_same_request: st(include_str!("sql/find_same_request.sql")),
-            backlog_stats: st(include_str!("sql/backlog_stats.sql")),
+            renew: file!("UPDATE" renew),
+            list: file!("SELECT" list),
+            resolve: RESOLUTIONS.map(|r| update("resolve", &with(resolve, "resolution", r))),
+            sweep: update("sweep_expired_leases", D::SWEEP),
+            list_review: file!("SELECT" list_review),
+            history: file!("SELECT" history),
+            claim_due: update("claim_due", D::CLAIM_DUE),
+            claim_for_reconcile: file!("UPDATE" claim_for_reconcile),
+            find_same_request: file!("SELECT" find_same_request),
+            backlog_stats: file!("SELECT" backlog_stats),
         }
     }
 
@@ -606,16 +633,36 @@ fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
 }
 
 impl<D: Dialect> SqlStore<D> {
-    /// One method that is one statement answering at most one record.
+    /// Runs `call`, the work of `statement`'s method, through [`call`](Self::call).
+    async fn run<T>(
+        &self,
+        statement: &Statement,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let collection = match statement.method {
+            "history" => "operation_events",
+            _ => OPERATIONS,
+        };
+        let (method, operation) = (statement.method, statement.operation);
+        self.call(method, operation, collection, call).await
+    }
+
+    /// A method that is one statement answering at most one record.
     async fn one(
         &self,
-        method: &'static str,
         statement: &Statement,
         args: Vec<Arg>,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        let operation = if method == "get" { "SELECT" } else { "UPDATE" };
-        self.call(method, operation, OPERATIONS, self.record(statement, args))
-            .await
+        self.run(statement, self.record(statement, args)).await
+    }
+
+    /// A method that is one statement answering records.
+    async fn many(
+        &self,
+        statement: &Statement,
+        args: Vec<Arg>,
+    ) -> Result<Vec<OperationRecord>, StoreError> {
+        self.run(statement, self.records(statement, args)).await
     }
 }
 
@@ -641,7 +688,9 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
                 Some(RegisteredRow { row, .. }) => Registration::Existing(row.try_into()?),
             })
         };
-        self.call("register", "INSERT", OPERATIONS, register).await
+        let statement = self.statements.register.as_ref();
+        self.run(statement.unwrap_or(&self.statements.insert), register)
+            .await
     }
 
     async fn get(
@@ -650,7 +699,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         key: &OperationKey,
     ) -> Result<Option<OperationRecord>, StoreError> {
         let args = args![namespace.as_str(), key.as_str()];
-        self.one("get", &self.statements.get, args).await
+        self.one(&self.statements.get, args).await
     }
 
     async fn claim(
@@ -664,7 +713,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
     ) -> Result<Option<OperationRecord>, StoreError> {
         let (ns, key, status) = (namespace.as_str(), key.as_str(), expected_status.as_str());
         let args = args![ns, key, status, expected_attempt, lease, lease_id];
-        self.one("claim", &self.statements.claim, args).await
+        self.one(&self.statements.claim, args).await
     }
 
     async fn settle(
@@ -695,7 +744,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
                 previous: before.status,
             }))
         };
-        self.call("settle", "UPDATE", OPERATIONS, settle).await
+        self.run(&self.statements.settle[variant], settle).await
     }
 
     async fn renew(
@@ -705,7 +754,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
     ) -> Result<Option<OperationRecord>, StoreError> {
         let (ns, key) = (token.namespace.as_str(), token.operation_key.as_str());
         let args = args![ns, key, token.attempt, token.lease_id, lease];
-        self.one("renew", &self.statements.renew, args).await
+        self.one(&self.statements.renew, args).await
     }
 
     async fn list(&self, query: &ListQuery) -> Result<Vec<OperationRecord>, StoreError> {
@@ -722,13 +771,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
             key,
             query.limit
         ];
-        self.call(
-            "list",
-            "SELECT",
-            OPERATIONS,
-            self.records(&self.statements.list, args),
-        )
-        .await
+        self.many(&self.statements.list, args).await
     }
 
     async fn resolve(
@@ -761,16 +804,14 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
             Resolution::Escalate { reason } => (4, args![reason.as_str()]),
         };
         args.extend(values);
-        self.one("resolve", &self.statements.resolve[variant], args)
-            .await
+        self.one(&self.statements.resolve[variant], args).await
     }
 
     async fn sweep_expired_leases(&self, limit: i64, worker: &str) -> Result<u64, StoreError> {
         let statement = &self.statements.sweep;
         let args = self.args(statement, args![limit, first(worker, 200)]);
         let sweep = D::execute(&self.pool, &statement.sql, args);
-        self.call("sweep_expired_leases", "UPDATE", OPERATIONS, sweep)
-            .await
+        self.run(statement, sweep).await
     }
 
     async fn list_review(
@@ -782,8 +823,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         // No position: before the beginning of time.
         let (at, key) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, String::new()));
         let args = args![namespace.as_str(), D::time_text(at), key, limit];
-        let list = self.records(&self.statements.list_review, args);
-        self.call("list_review", "SELECT", OPERATIONS, list).await
+        self.many(&self.statements.list_review, args).await
     }
 
     async fn history(
@@ -800,8 +840,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
                 .await?;
             rows.into_iter().map(OperationEvent::try_from).collect()
         };
-        self.call("history", "SELECT", "operation_events", history)
-            .await
+        self.run(&self.statements.history, history).await
     }
 
     async fn claim_due(
@@ -809,8 +848,8 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         limit: i64,
         hold: Duration,
     ) -> Result<Vec<OperationRecord>, StoreError> {
-        let claim = self.records(&self.statements.claim_due, args![limit, hold]);
-        self.call("claim_due", "UPDATE", OPERATIONS, claim).await
+        self.many(&self.statements.claim_due, args![limit, hold])
+            .await
     }
 
     async fn claim_for_reconcile(
@@ -820,12 +859,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         hold: Duration,
     ) -> Result<Option<OperationRecord>, StoreError> {
         let args = args![namespace.as_str(), key.as_str(), hold];
-        self.one(
-            "claim_for_reconcile",
-            &self.statements.claim_for_reconcile,
-            args,
-        )
-        .await
+        self.one(&self.statements.claim_for_reconcile, args).await
     }
 
     async fn find_same_request(
@@ -844,8 +878,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         let args = args![ns, action, hash, other_than.as_str(), window];
         let find = self.row::<KeyRow>(&self.statements.find_same_request, args);
         let find = async { Ok(find.await?.map(|row| row.operation_key)) };
-        self.call("find_same_request", "SELECT", OPERATIONS, find)
-            .await
+        self.run(&self.statements.find_same_request, find).await
     }
 }
 
@@ -870,8 +903,7 @@ impl<D: Dialect> JournalMaintenance for SqlStore<D> {
                 (row.unknown, row.oldest_unknown_seconds, row.review_queue);
             Ok(BacklogStats::from_columns(unknown, oldest, review))
         };
-        self.call("backlog_stats", "SELECT", OPERATIONS, stats)
-            .await
+        self.run(&self.statements.backlog_stats, stats).await
     }
 
     async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError> {

@@ -207,7 +207,11 @@ impl Dialect for Lite {
     /// SQLite has no data-modifying CTE: the batch, its history and the operations go in one
     /// short write transaction, taken up front so the batch cannot change under it.
     async fn purge(store: &SqliteStore, limit: i64) -> Result<u64, StoreError> {
-        let select = Statement::new::<Lite>(include_str!("sql/sqlite/purge_select.sql"));
+        let select = Statement::new::<Lite>(
+            "purge",
+            "DELETE",
+            include_str!("sql/sqlite/purge_select.sql"),
+        );
         let args = arguments::<sqlx::Sqlite>(store.args(&select, vec![Arg::Int(limit)]))?;
         let mut tx = store
             .pool
