@@ -2,10 +2,8 @@
 //! that really differ (`src/store/sql/postgres/`): `SKIP LOCKED` batch claims, a register and
 //! a report answered in one statement each, a purge in one data-modifying CTE.
 
-use std::time::Duration;
-
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 
 use super::StoreError;
 use super::sql::{Arg, CountRow, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
@@ -15,9 +13,6 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// The purge, in one data-modifying CTE (for the query plans the benchmark shows).
 pub const PURGE: &str = include_str!("sql/postgres/purge.sql");
-
-/// How long a pooled connection may sit idle before it is pinged on its next use.
-pub const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
 
 /// The Postgres dialect of the one SQL store.
 #[derive(Debug, Clone, Copy, Default)]
@@ -30,42 +25,6 @@ impl PgStore {
     /// Wraps an existing pool.
     pub fn new(pool: PgPool) -> Self {
         Self::from_parts(pool, Pg)
-    }
-
-    /// Creates a lazily connecting pool of at most `max_connections`; connections are made
-    /// on first use, so the server starts (not ready) while the database is down.
-    ///
-    /// A connection that sat idle for [`IDLE_PING_AFTER`] or longer is pinged before it is
-    /// used (a dead one is replaced); one in steady use is not, which saves a round trip per
-    /// statement. A statement sent on a connection that died since its last use fails
-    /// `UNAVAILABLE`/`STORE_UNAVAILABLE` having written nothing, and the connection is
-    /// dropped.
-    ///
-    /// Errors: the URL cannot be parsed.
-    pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(3))
-            .test_before_acquire(false)
-            .before_acquire(|connection, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= IDLE_PING_AFTER {
-                        sqlx::Connection::ping(connection).await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .connect_lazy(url)
-            .map_err(|e| StoreError::Other(Box::new(e)))?;
-        Ok(Self::new(pool))
-    }
-
-    /// Applies pending migrations.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.pool).await.map_err(|e| match e {
-            sqlx::migrate::MigrateError::Execute(e) => classify(e),
-            other => StoreError::Other(Box::new(other)),
-        })
     }
 }
 

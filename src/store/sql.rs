@@ -377,11 +377,11 @@ impl Clock {
 /// The journal in a SQL database of dialect `D`.
 #[derive(Debug)]
 pub struct SqlStore<D: Dialect> {
-    pub(super) pool: D::Pool,
+    pub(crate) pool: D::Pool,
     pub(super) statements: Arc<Statements>,
     pub(super) clock: Clock,
     pub(super) metrics: Metrics,
-    pub(super) extra: Arc<D>,
+    pub(crate) extra: Arc<D>,
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
@@ -397,7 +397,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
 }
 
 impl<D: Dialect> SqlStore<D> {
-    pub(super) fn from_parts(pool: D::Pool, extra: D) -> Self {
+    pub(crate) fn from_parts(pool: D::Pool, extra: D) -> Self {
         Self {
             pool,
             statements: Arc::new(Statements::new::<D>()),
