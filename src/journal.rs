@@ -25,10 +25,20 @@ use crate::domain::policy::{
     ActionPolicy, AdapterConfig, DuplicateIntentMode, Policy, ResultSource,
 };
 use crate::domain::sensitive;
-use crate::store::{JournalStore, ListQuery, NewOperation, Registration, Settlement};
+use crate::store::{JournalStore, ListQuery, NewOperation, Registration, Settlement, StoreError};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 use opjournal_client::ErrorReason;
+
+/// A store failure as the use cases answer it: unavailable (retryable) or internal.
+impl From<StoreError> for JournalError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Unavailable(source) => JournalError::StoreUnavailable(source),
+            StoreError::Other(source) => JournalError::Internal(source),
+        }
+    }
+}
 
 /// Limits on request fields (sizes in bytes), set from the configuration.
 #[derive(Debug, Clone)]

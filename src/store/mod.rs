@@ -25,7 +25,6 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::domain::canonical::RequestHash;
-use crate::domain::error::JournalError;
 use crate::domain::lease::LeaseToken;
 use crate::domain::model::{
     ActionType, Attribution, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
@@ -46,15 +45,6 @@ pub enum StoreError {
     /// Anything else: a bug, a broken constraint, corrupt data.
     #[error("database error")]
     Other(#[source] Box<dyn std::error::Error + Send + Sync>),
-}
-
-impl From<StoreError> for JournalError {
-    fn from(error: StoreError) -> Self {
-        match error {
-            StoreError::Unavailable(source) => JournalError::StoreUnavailable(source),
-            StoreError::Other(source) => JournalError::Internal(source),
-        }
-    }
 }
 
 /// A new intent to register, with the lease its registering caller gets.

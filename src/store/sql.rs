@@ -525,45 +525,28 @@ impl<D: Dialect> SqlStore<D> {
 
 const OPERATIONS: &str = "agent_operations";
 
-impl From<&str> for Arg {
-    fn from(value: &str) -> Self {
-        Self::Text(Some(value.to_owned()))
-    }
+/// `Arg::from` for each bindable type: text, integers, seconds, ids.
+macro_rules! arg_from {
+    ($($type:ty => |$value:ident| $arg:expr),* $(,)?) => {$(
+        impl From<$type> for Arg {
+            fn from($value: $type) -> Self {
+                $arg
+            }
+        }
+    )*};
 }
-
-impl From<String> for Arg {
-    fn from(value: String) -> Self {
-        Self::Text(Some(value))
-    }
-}
+arg_from!(
+    &str => |value| Self::Text(Some(value.to_owned())),
+    String => |value| Self::Text(Some(value)),
+    i64 => |value| Self::Int(value),
+    i32 => |value| Self::Int(value.into()),
+    Duration => |value| Self::Float(value.as_secs_f64()),
+    Uuid => |value| Self::Text(Some(value.hyphenated().to_string())),
+);
 
 impl<T: Into<String>> From<Option<T>> for Arg {
     fn from(value: Option<T>) -> Self {
         Self::Text(value.map(Into::into))
-    }
-}
-
-impl From<i64> for Arg {
-    fn from(value: i64) -> Self {
-        Self::Int(value)
-    }
-}
-
-impl From<i32> for Arg {
-    fn from(value: i32) -> Self {
-        Self::Int(value.into())
-    }
-}
-
-impl From<Duration> for Arg {
-    fn from(value: Duration) -> Self {
-        Self::Float(value.as_secs_f64())
-    }
-}
-
-impl From<Uuid> for Arg {
-    fn from(value: Uuid) -> Self {
-        Self::Text(Some(value.hyphenated().to_string()))
     }
 }
 
