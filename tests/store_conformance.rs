@@ -25,8 +25,8 @@ use opjournal::domain::model::{
 use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
 use opjournal::store::{
-    Clock, JournalMaintenance, JournalStore, ListQuery, NewOperation, Registration, Resolution,
-    Settled, Settlement,
+    Clock, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation, Registration,
+    Resolution, Settled, Settlement,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -317,7 +317,7 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
                 &live,
                 &Resolution::ReleaseForRetry,
                 &Attribution::worker("w", "x"),
-                false
+                Lookup::NotMade
             )
             .await
             .unwrap()
@@ -412,7 +412,7 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
     };
     assert!(
         fx.store
-            .resolve(&read, &resolution, &found, true)
+            .resolve(&read, &resolution, &found, Lookup::Made)
             .await
             .unwrap()
             .is_none()
@@ -424,7 +424,7 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
     );
     let settled = fx
         .store
-        .resolve(&current, &resolution, &found, true)
+        .resolve(&current, &resolution, &found, Lookup::Made)
         .await
         .unwrap()
         .unwrap();
@@ -560,7 +560,7 @@ async fn concurrent_resolutions_of_one_read_apply_once(fx: &Fixture) {
                     &read,
                     &resolution,
                     &Attribution::worker(format!("w{i}"), "found"),
-                    true,
+                    Lookup::Made,
                 )
                 .await
                 .unwrap()
@@ -587,7 +587,7 @@ async fn terminal_rows_and_the_history_cannot_be_rewritten(fx: &Fixture) {
                 error_code: "card_declined".into(),
             },
             &Attribution::worker("w", "found_failed"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -627,7 +627,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
                 next_check_after: Duration::from_secs(5),
             },
             &Attribution::worker("w1", "not_found_yet"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -645,7 +645,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
                 reason: "unresolved_after_deadline".into(),
             },
             &Attribution::worker("w2", "escalated"),
-            false,
+            Lookup::NotMade,
         )
         .await
         .unwrap()
@@ -670,7 +670,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
                 result_json: Some(r#"{"id":"pay_1"}"#.into()),
             },
             &reviewer,
-            false,
+            Lookup::NotMade,
         )
         .await
         .unwrap()
@@ -739,7 +739,7 @@ async fn a_release_for_retry_lets_the_next_begin_claim(fx: &Fixture) {
             &read,
             &Resolution::ReleaseForRetry,
             &Attribution::worker("w", "proven_absent"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -866,7 +866,7 @@ async fn one_looker_at_a_time_on_request(fx: &Fixture) {
                 next_check_after: Duration::ZERO,
             },
             &Attribution::worker("w", "not_found_yet"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -947,7 +947,7 @@ async fn an_operation_under_review_is_never_claimed(fx: &Fixture) {
                 reason: "no_provider_lookup".into(),
             },
             &Attribution::worker("w", "escalated"),
-            false,
+            Lookup::NotMade,
         )
         .await
         .unwrap()
@@ -1057,7 +1057,7 @@ async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
                     reason: "no_provider_lookup".into(),
                 },
                 &Attribution::worker("w", "escalated"),
-                false,
+                Lookup::NotMade,
             )
             .await
             .unwrap()
@@ -1180,7 +1180,7 @@ async fn purge_deletes_only_terminal_operations_past_retention(fx: &Fixture) {
             &released,
             &Resolution::ReleaseForRetry,
             &Attribution::worker("w", "proven_absent"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -1415,7 +1415,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
             &released,
             &Resolution::ReleaseForRetry,
             &Attribution::worker("w", "proven_absent"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -1847,7 +1847,7 @@ async fn backlog_stats_count_unknown_and_review_and_age_the_oldest(f: &Fixture) 
                 reason: "no_provider_lookup".into(),
             },
             &Attribution::worker("w", "escalated"),
-            false,
+            Lookup::NotMade,
         )
         .await
         .unwrap()

@@ -96,6 +96,15 @@ pub struct Settled {
     pub previous: Status,
 }
 
+/// Whether a resolution follows a provider lookup, which counts in `reconcile_attempts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// The provider was asked.
+    Made,
+    /// No lookup: a reviewer's decision, or an escalation without asking.
+    NotMade,
+}
+
 /// Filters and position for listing operations.
 #[derive(Debug, Clone)]
 pub struct ListQuery {
@@ -174,14 +183,14 @@ pub trait JournalStore: JournalMaintenance {
 
     /// Applies a resolution (from a lookup or a reviewer) if the row is still as `expected`
     /// was read (same status and attempt; an `in_progress` row only once its lease has
-    /// ended), recording `attribution` in the history. `lookup_made` counts a provider lookup
-    /// in `reconcile_attempts`.
+    /// ended), recording `attribution` in the history. [`Lookup::Made`] counts a provider
+    /// lookup in `reconcile_attempts`.
     async fn resolve(
         &self,
         expected: &OperationRecord,
         resolution: &Resolution,
         attribution: &Attribution,
-        lookup_made: bool,
+        lookup: Lookup,
     ) -> Result<Option<OperationRecord>, StoreError>;
 
     /// Moves up to `limit` `in_progress` rows whose lease has ended to `unknown`, due for a

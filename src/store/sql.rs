@@ -18,7 +18,7 @@ use tracing::field::Empty;
 use uuid::Uuid;
 
 use super::{
-    BacklogStats, JournalMaintenance, JournalStore, ListQuery, NewOperation, Registration,
+    BacklogStats, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation, Registration,
     Resolution, Settled, Settlement, StoreError,
 };
 use crate::domain::canonical::RequestHash;
@@ -762,7 +762,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         expected: &OperationRecord,
         resolution: &Resolution,
         attribution: &Attribution,
-        lookup_made: bool,
+        lookup: Lookup,
     ) -> Result<Option<OperationRecord>, StoreError> {
         let (ns, key) = (expected.namespace.as_str(), expected.operation_key.as_str());
         let reason = attribution.reason.as_deref().map(|r| first(r, 500));
@@ -771,7 +771,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
             key,
             expected.status.as_str(),
             expected.attempt_count,
-            i32::from(lookup_made),
+            i32::from(lookup == Lookup::Made),
             attribution.kind.as_str(),
             first(&attribution.actor, 200),
             reason,
