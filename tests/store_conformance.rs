@@ -25,8 +25,8 @@ use opjournal::domain::model::{
 use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
 use opjournal::store::{
-    Clock, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation, Registration,
-    Resolution, Settled, Settlement,
+    Clock, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation,
+    Registration, Resolution, ReviewQuery, Settled, Settlement,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -115,7 +115,12 @@ impl Fixture {
 
     async fn history(&self, key: &str) -> Vec<(Option<Status>, Status, i32, bool, Who)> {
         self.store
-            .history(&ns(), &OperationKey::parse(key).unwrap(), 0, 1000)
+            .history(&HistoryQuery {
+                namespace: ns(),
+                operation_key: OperationKey::parse(key).unwrap(),
+                after_event_id: 0,
+                limit: 1000,
+            })
             .await
             .unwrap()
             .into_iter()
@@ -711,20 +716,39 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
     );
     // Pages by event id, in order, with the database's times.
     let key = OperationKey::parse("k").unwrap();
-    let all = fx.store.history(&ns(), &key, 0, 100).await.unwrap();
+    let all = fx
+        .store
+        .history(&HistoryQuery {
+            namespace: ns(),
+            operation_key: key.clone(),
+            after_event_id: 0,
+            limit: 100,
+        })
+        .await
+        .unwrap();
     assert!(all.windows(2).all(|w| w[0].event_id < w[1].event_id));
     assert!(all.windows(2).all(|w| w[0].occurred_at <= w[1].occurred_at));
     assert_eq!(all[0].occurred_at, read.created_at);
     assert_eq!(all[3].occurred_at, resolved.updated_at);
     let page = fx
         .store
-        .history(&ns(), &key, all[0].event_id, 2)
+        .history(&HistoryQuery {
+            namespace: ns(),
+            operation_key: key.clone(),
+            after_event_id: all[0].event_id,
+            limit: 2,
+        })
         .await
         .unwrap();
     assert_eq!(page, all[1..3]);
     assert!(
         fx.store
-            .history(&ns(), &key, all[3].event_id, 10)
+            .history(&HistoryQuery {
+                namespace: ns(),
+                operation_key: key.clone(),
+                after_event_id: all[3].event_id,
+                limit: 10
+            })
             .await
             .unwrap()
             .is_empty()
@@ -1064,7 +1088,15 @@ async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
             .unwrap();
     }
     fx.unknown("not-escalated").await;
-    let all = fx.store.list_review(&ns(), None, 100).await.unwrap();
+    let all = fx
+        .store
+        .list_review(&ReviewQuery {
+            namespace: ns(),
+            after: None,
+            limit: 100,
+        })
+        .await
+        .unwrap();
     assert_eq!(all.len(), 3);
     assert!(all.windows(2).all(|w| {
         (w[0].review_required_at, w[0].operation_key.as_str())
@@ -1073,20 +1105,24 @@ async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
     let first = &all[0];
     let rest = fx
         .store
-        .list_review(
-            &ns(),
-            Some((
+        .list_review(&ReviewQuery {
+            namespace: ns(),
+            after: Some((
                 first.review_required_at.unwrap(),
                 first.operation_key.to_string(),
             )),
-            100,
-        )
+            limit: 100,
+        })
         .await
         .unwrap();
     assert_eq!(keys(&rest), keys(&all[1..]));
     assert!(
         fx.store
-            .list_review(&Namespace::parse("tenant-b").unwrap(), None, 100)
+            .list_review(&ReviewQuery {
+                namespace: Namespace::parse("tenant-b").unwrap(),
+                after: None,
+                limit: 100
+            })
             .await
             .unwrap()
             .is_empty()

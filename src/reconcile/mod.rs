@@ -32,7 +32,7 @@ use crate::domain::model::{
 use crate::domain::policy::{ActionPolicy, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
 use crate::journal::{PageToken, RequestLimits, page_limit};
-use crate::store::{JournalStore, Lookup, Resolution};
+use crate::store::{HistoryQuery, JournalStore, Lookup, Resolution, ReviewQuery};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
@@ -514,7 +514,14 @@ impl Reconciler {
         } else {
             Some(PageToken::decode(page_token, &filters)?)
         };
-        let mut rows = self.store.list_review(&namespace, after, limit + 1).await?;
+        let mut rows = self
+            .store
+            .list_review(&ReviewQuery {
+                namespace: namespace.clone(),
+                after,
+                limit: limit + 1,
+            })
+            .await?;
         let next = next_token(&mut rows, limit, |last| {
             last.review_required_at
                 .map(|at| PageToken::encode(at, last.operation_key.as_str(), &filters))
@@ -548,7 +555,12 @@ impl Reconciler {
         }
         let mut events = self
             .store
-            .history(&namespace, &key, after, limit + 1)
+            .history(&HistoryQuery {
+                namespace: namespace.clone(),
+                operation_key: key.clone(),
+                after_event_id: after,
+                limit: limit + 1,
+            })
             .await?;
         let next = next_token(&mut events, limit, |last| {
             Some(PageToken::encode_position(last.event_id, "", &filters))

@@ -120,6 +120,30 @@ pub struct ListQuery {
     pub limit: i64,
 }
 
+/// Position in the review queue, for [`JournalStore::list_review`].
+#[derive(Debug, Clone)]
+pub struct ReviewQuery {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// Continue after this (review_required_at, operation_key) position.
+    pub after: Option<(DateTime<Utc>, String)>,
+    /// At most this many rows.
+    pub limit: i64,
+}
+
+/// One operation's history page, for [`JournalStore::history`].
+#[derive(Debug, Clone)]
+pub struct HistoryQuery {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// The operation.
+    pub operation_key: OperationKey,
+    /// Continue after this event id (0: from the start).
+    pub after_event_id: i64,
+    /// At most this many events.
+    pub limit: i64,
+}
+
 /// [`JournalMaintenance::backlog_stats`] feeds the backlog gauges.
 #[async_trait]
 impl<T: JournalMaintenance + ?Sized> crate::telemetry::metrics::BacklogSource for T {
@@ -197,23 +221,11 @@ pub trait JournalStore: JournalMaintenance {
     /// lookup now; returns how many moved. Live leases are never touched.
     async fn sweep_expired_leases(&self, limit: i64, worker: &str) -> Result<u64, StoreError>;
 
-    /// Operations waiting for review in `namespace`, oldest escalation first, after the
-    /// (review_required_at, operation_key) position `after`.
-    async fn list_review(
-        &self,
-        namespace: &Namespace,
-        after: Option<(DateTime<Utc>, String)>,
-        limit: i64,
-    ) -> Result<Vec<OperationRecord>, StoreError>;
+    /// Operations waiting for review, oldest escalation first.
+    async fn list_review(&self, query: &ReviewQuery) -> Result<Vec<OperationRecord>, StoreError>;
 
-    /// An operation's history after event `after_event_id`, oldest first.
-    async fn history(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        after_event_id: i64,
-        limit: i64,
-    ) -> Result<Vec<OperationEvent>, StoreError>;
+    /// An operation's history, oldest first.
+    async fn history(&self, query: &HistoryQuery) -> Result<Vec<OperationEvent>, StoreError>;
 
     /// Claims up to `limit` unknown operations due for a lookup, pushing their next check
     /// `hold` into the future so that no other worker looks them up meanwhile.

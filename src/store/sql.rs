@@ -18,8 +18,8 @@ use tracing::field::Empty;
 use uuid::Uuid;
 
 use super::{
-    BacklogStats, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation, Registration,
-    Resolution, Settled, Settlement, StoreError,
+    BacklogStats, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation,
+    Registration, Resolution, ReviewQuery, Settled, Settlement, StoreError,
 };
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
@@ -797,26 +797,17 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         self.run(statement, sweep).await
     }
 
-    async fn list_review(
-        &self,
-        namespace: &Namespace,
-        after: Option<(DateTime<Utc>, String)>,
-        limit: i64,
-    ) -> Result<Vec<OperationRecord>, StoreError> {
+    async fn list_review(&self, query: &ReviewQuery) -> Result<Vec<OperationRecord>, StoreError> {
         // No position: before the beginning of time.
-        let (at, key) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, String::new()));
-        let args = args![namespace.as_str(), D::time_text(at), key, limit];
+        let start = (DateTime::<Utc>::UNIX_EPOCH, String::new());
+        let (at, key) = query.after.clone().unwrap_or(start);
+        let args = args![query.namespace.as_str(), D::time_text(at), key, query.limit];
         self.many(&self.statements.list_review, args).await
     }
 
-    async fn history(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        after_event_id: i64,
-        limit: i64,
-    ) -> Result<Vec<OperationEvent>, StoreError> {
-        let args = args![namespace.as_str(), key.as_str(), after_event_id, limit];
+    async fn history(&self, query: &HistoryQuery) -> Result<Vec<OperationEvent>, StoreError> {
+        let (ns, key) = (query.namespace.as_str(), query.operation_key.as_str());
+        let args = args![ns, key, query.after_event_id, query.limit];
         let history = async {
             let rows = self
                 .rows::<EventRow>(&self.statements.history, args)
