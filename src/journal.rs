@@ -25,7 +25,9 @@ use crate::domain::policy::{
     ActionPolicy, AdapterConfig, DuplicateIntentMode, Policy, ResultSource,
 };
 use crate::domain::sensitive;
-use crate::store::{JournalStore, ListQuery, NewOperation, Registration, Settlement, StoreError};
+use crate::store::{
+    Claim, JournalStore, ListQuery, NewOperation, Registration, SameRequest, Settlement, StoreError,
+};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 use opjournal_client::ErrorReason;
@@ -370,14 +372,14 @@ impl Journal {
                     let lease_id = Uuid::new_v4();
                     let claimed = self
                         .store
-                        .claim(
-                            &row.namespace,
-                            &row.operation_key,
+                        .claim(&Claim {
+                            namespace: row.namespace.clone(),
+                            operation_key: row.operation_key.clone(),
                             expected_status,
                             expected_attempt,
-                            lease_for(rules),
+                            lease: lease_for(rules),
                             lease_id,
-                        )
+                        })
                         .await?;
                     if let Some(record) = claimed {
                         self.metrics
@@ -433,13 +435,13 @@ impl Journal {
         }
         let Some(other_key) = self
             .store
-            .find_same_request(
-                &command.namespace,
-                &command.action_type,
-                &command.request_hash,
-                &command.operation_key,
-                Duration::from_secs(u64::from(rule.window_seconds)),
-            )
+            .find_same_request(&SameRequest {
+                namespace: command.namespace.clone(),
+                action_type: command.action_type.clone(),
+                request_hash: command.request_hash,
+                other_than: command.operation_key.clone(),
+                window: Duration::from_secs(u64::from(rule.window_seconds)),
+            })
             .await?
         else {
             return Ok(None);

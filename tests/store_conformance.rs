@@ -25,8 +25,8 @@ use opjournal::domain::model::{
 use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
 use opjournal::store::{
-    Clock, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation,
-    Registration, Resolution, ReviewQuery, Settled, Settlement,
+    Claim, Clock, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation,
+    Registration, Resolution, ReviewQuery, SameRequest, Settled, Settlement,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -304,14 +304,14 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
     // A live lease is neither taken over nor resolved.
     assert!(
         fx.store
-            .claim(
-                &ns,
-                &live.operation_key,
-                Status::InProgress,
-                1,
-                LEASE,
-                Uuid::new_v4()
-            )
+            .claim(&Claim {
+                namespace: ns.clone(),
+                operation_key: live.operation_key.clone(),
+                expected_status: Status::InProgress,
+                expected_attempt: 1,
+                lease: LEASE,
+                lease_id: Uuid::new_v4()
+            })
             .await
             .unwrap()
             .is_none()
@@ -342,14 +342,14 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
     let next_id = Uuid::new_v4();
     let taken = fx
         .store
-        .claim(
-            &ns,
-            &short.operation_key,
-            Status::InProgress,
-            1,
-            LEASE,
-            next_id,
-        )
+        .claim(&Claim {
+            namespace: ns.clone(),
+            operation_key: short.operation_key.clone(),
+            expected_status: Status::InProgress,
+            expected_attempt: 1,
+            lease: LEASE,
+            lease_id: next_id,
+        })
         .await
         .unwrap()
         .unwrap();
@@ -384,21 +384,42 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
     // A stale attempt claims nothing.
     let stale = fx
         .store
-        .claim(&ns, &key, Status::Unknown, 7, LEASE, Uuid::new_v4())
+        .claim(&Claim {
+            namespace: ns.clone(),
+            operation_key: key.clone(),
+            expected_status: Status::Unknown,
+            expected_attempt: 7,
+            lease: LEASE,
+            lease_id: Uuid::new_v4(),
+        })
         .await
         .unwrap();
     assert!(stale.is_none());
     // The right one does, once.
     let claimed = fx
         .store
-        .claim(&ns, &key, Status::Unknown, 1, LEASE, Uuid::new_v4())
+        .claim(&Claim {
+            namespace: ns.clone(),
+            operation_key: key.clone(),
+            expected_status: Status::Unknown,
+            expected_attempt: 1,
+            lease: LEASE,
+            lease_id: Uuid::new_v4(),
+        })
         .await
         .unwrap()
         .unwrap();
     assert_eq!(claimed.attempt_count, 2);
     assert!(
         fx.store
-            .claim(&ns, &key, Status::Unknown, 1, LEASE, Uuid::new_v4())
+            .claim(&Claim {
+                namespace: ns.clone(),
+                operation_key: key.clone(),
+                expected_status: Status::Unknown,
+                expected_attempt: 1,
+                lease: LEASE,
+                lease_id: Uuid::new_v4()
+            })
             .await
             .unwrap()
             .is_none()
@@ -451,7 +472,14 @@ async fn concurrent_claims_of_one_attempt_grant_one_lease(fx: &Fixture) {
         let (ns, key) = (read.namespace.clone(), read.operation_key.clone());
         tasks.push(tokio::spawn(async move {
             store
-                .claim(&ns, &key, Status::Unknown, 1, LEASE, Uuid::new_v4())
+                .claim(&Claim {
+                    namespace: ns.clone(),
+                    operation_key: key.clone(),
+                    expected_status: Status::Unknown,
+                    expected_attempt: 1,
+                    lease: LEASE,
+                    lease_id: Uuid::new_v4(),
+                })
                 .await
                 .unwrap()
         }));
@@ -773,14 +801,14 @@ async fn a_release_for_retry_lets_the_next_begin_claim(fx: &Fixture) {
     assert_eq!(released.lease_until, None);
     let claimed = fx
         .store
-        .claim(
-            &read.namespace,
-            &read.operation_key,
-            Status::Pending,
-            1,
-            LEASE,
-            Uuid::new_v4(),
-        )
+        .claim(&Claim {
+            namespace: read.namespace.clone(),
+            operation_key: read.operation_key.clone(),
+            expected_status: Status::Pending,
+            expected_attempt: 1,
+            lease: LEASE,
+            lease_id: Uuid::new_v4(),
+        })
         .await
         .unwrap()
         .unwrap();
@@ -979,14 +1007,14 @@ async fn an_operation_under_review_is_never_claimed(fx: &Fixture) {
     assert!(escalated.review_required_at.is_some());
     let claimed = fx
         .store
-        .claim(
-            &read.namespace,
-            &read.operation_key,
-            Status::Unknown,
-            1,
-            LEASE,
-            Uuid::new_v4(),
-        )
+        .claim(&Claim {
+            namespace: read.namespace.clone(),
+            operation_key: read.operation_key.clone(),
+            expected_status: Status::Unknown,
+            expected_attempt: 1,
+            lease: LEASE,
+            lease_id: Uuid::new_v4(),
+        })
         .await
         .unwrap();
     assert!(claimed.is_none());
@@ -1137,13 +1165,13 @@ async fn the_same_request_is_found_under_other_keys(fx: &Fixture) {
         let (hash, action) = (hash, action.clone());
         async move {
             store
-                .find_same_request(
-                    &ns(),
-                    &action,
-                    &hash,
-                    &OperationKey::parse(other_than).unwrap(),
+                .find_same_request(&SameRequest {
+                    namespace: ns(),
+                    action_type: action.clone(),
+                    request_hash: hash,
+                    other_than: OperationKey::parse(other_than).unwrap(),
                     window,
-                )
+                })
                 .await
                 .unwrap()
         }
@@ -1177,13 +1205,13 @@ async fn the_same_request_is_found_under_other_keys(fx: &Fixture) {
     );
     assert_eq!(
         fx.store
-            .find_same_request(
-                &Namespace::parse("tenant-b").unwrap(),
-                &action,
-                &hash,
-                &OperationKey::parse("new").unwrap(),
-                window,
-            )
+            .find_same_request(&SameRequest {
+                namespace: Namespace::parse("tenant-b").unwrap(),
+                action_type: action.clone(),
+                request_hash: hash,
+                other_than: OperationKey::parse("new").unwrap(),
+                window
+            })
             .await
             .unwrap(),
         None
@@ -1739,14 +1767,14 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let taken_by = fx
         .store
-        .claim(
-            &ns(),
-            &OperationKey::parse("taken").unwrap(),
-            Status::InProgress,
-            1,
-            LEASE,
-            Uuid::new_v4(),
-        )
+        .claim(&Claim {
+            namespace: ns(),
+            operation_key: OperationKey::parse("taken").unwrap(),
+            expected_status: Status::InProgress,
+            expected_attempt: 1,
+            lease: LEASE,
+            lease_id: Uuid::new_v4(),
+        })
         .await
         .unwrap()
         .unwrap();

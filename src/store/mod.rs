@@ -120,6 +120,38 @@ pub struct ListQuery {
     pub limit: i64,
 }
 
+/// A new lease on an existing operation, for [`JournalStore::claim`].
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// The operation.
+    pub operation_key: OperationKey,
+    /// The status the caller read; the claim applies only if the row is still in it.
+    pub expected_status: Status,
+    /// The attempt the caller read; the claim applies only if the row is still at it.
+    pub expected_attempt: i32,
+    /// Lease length granted.
+    pub lease: Duration,
+    /// Random id of the new lease (the secret part of the fencing token).
+    pub lease_id: Uuid,
+}
+
+/// Another operation with the same request, for [`JournalStore::find_same_request`].
+#[derive(Debug, Clone)]
+pub struct SameRequest {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// The action type.
+    pub action_type: ActionType,
+    /// The request hash.
+    pub request_hash: RequestHash,
+    /// The operation asking, never answered.
+    pub other_than: OperationKey,
+    /// How long ago a succeeded operation still counts.
+    pub window: Duration,
+}
+
 /// Position in the review queue, for [`JournalStore::list_review`].
 #[derive(Debug, Clone)]
 pub struct ReviewQuery {
@@ -170,17 +202,9 @@ pub trait JournalStore: JournalMaintenance {
         key: &OperationKey,
     ) -> Result<Option<OperationRecord>, StoreError>;
 
-    /// Grants a new lease on an existing operation if it is still in `expected_status` with
-    /// `expected_attempt` (and, for `in_progress`, its lease has ended): attempt + 1.
-    async fn claim(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        expected_status: Status,
-        expected_attempt: i32,
-        lease: Duration,
-        lease_id: Uuid,
-    ) -> Result<Option<OperationRecord>, StoreError>;
+    /// Grants a new lease on an existing operation if it is still as the claim expects (and,
+    /// for `in_progress`, its lease has ended): attempt + 1.
+    async fn claim(&self, claim: &Claim) -> Result<Option<OperationRecord>, StoreError>;
 
     /// Applies a lease holder's report if the token's lease is still the row's (same attempt
     /// and lease id) and the row is in a status the report may leave, and answers the row
@@ -245,16 +269,9 @@ pub trait JournalStore: JournalMaintenance {
         hold: Duration,
     ) -> Result<Option<OperationRecord>, StoreError>;
 
-    /// The key of another operation in `namespace` with the same action type and request
+    /// The key of another operation in the namespace with the same action type and request
     /// hash that is pending, in progress or unknown, or succeeded less than `window` ago.
-    async fn find_same_request(
-        &self,
-        namespace: &Namespace,
-        action_type: &ActionType,
-        request_hash: &RequestHash,
-        other_than: &OperationKey,
-        window: Duration,
-    ) -> Result<Option<String>, StoreError>;
+    async fn find_same_request(&self, query: &SameRequest) -> Result<Option<String>, StoreError>;
 }
 
 /// The journal's upkeep, apart from its operations: retention, readiness, the backlog

@@ -18,8 +18,9 @@ use tracing::field::Empty;
 use uuid::Uuid;
 
 use super::{
-    BacklogStats, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation,
-    Registration, Resolution, ReviewQuery, Settled, Settlement, StoreError,
+    BacklogStats, Claim, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup,
+    NewOperation, Registration, Resolution, ReviewQuery, SameRequest, Settled, Settlement,
+    StoreError,
 };
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
@@ -685,17 +686,10 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         self.one(&self.statements.get, args).await
     }
 
-    async fn claim(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        expected_status: Status,
-        expected_attempt: i32,
-        lease: Duration,
-        lease_id: Uuid,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let (ns, key, status) = (namespace.as_str(), key.as_str(), expected_status.as_str());
-        let args = args![ns, key, status, expected_attempt, lease, lease_id];
+    async fn claim(&self, claim: &Claim) -> Result<Option<OperationRecord>, StoreError> {
+        let (ns, key) = (claim.namespace.as_str(), claim.operation_key.as_str());
+        let (status, attempt) = (claim.expected_status.as_str(), claim.expected_attempt);
+        let args = args![ns, key, status, attempt, claim.lease, claim.lease_id];
         self.one(&self.statements.claim, args).await
     }
 
@@ -836,20 +830,10 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         self.one(&self.statements.claim_for_reconcile, args).await
     }
 
-    async fn find_same_request(
-        &self,
-        namespace: &Namespace,
-        action_type: &ActionType,
-        request_hash: &RequestHash,
-        other_than: &OperationKey,
-        window: Duration,
-    ) -> Result<Option<String>, StoreError> {
-        let (ns, action, hash) = (
-            namespace.as_str(),
-            action_type.as_str(),
-            request_hash.to_hex(),
-        );
-        let args = args![ns, action, hash, other_than.as_str(), window];
+    async fn find_same_request(&self, query: &SameRequest) -> Result<Option<String>, StoreError> {
+        let (ns, action) = (query.namespace.as_str(), query.action_type.as_str());
+        let (hash, other_than) = (query.request_hash.to_hex(), query.other_than.as_str());
+        let args = args![ns, action, hash, other_than, query.window];
         let find = self.row::<KeyRow>(&self.statements.find_same_request, args);
         let find = async { Ok(find.await?.map(|row| row.operation_key)) };
         self.run(&self.statements.find_same_request, find).await
