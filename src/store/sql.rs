@@ -118,7 +118,7 @@ impl<T> Decoded for T where
 
 /// What a backend adds to the one store: how it spells the clock, intervals and types, how
 /// it runs a statement, and the few statements that really differ.
-pub trait Dialect: Send + Sync + Sized + 'static {
+pub trait Dialect: Clone + Send + Sync + Sized + 'static {
     /// The connection pool.
     type Pool: Clone + Send + Sync + std::fmt::Debug + 'static;
     /// The OpenTelemetry `db.system.name` of the backend: `postgresql` or `sqlite`.
@@ -376,25 +376,13 @@ impl Clock {
 }
 
 /// The journal in a SQL database of dialect `D`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SqlStore<D: Dialect> {
     pub(crate) pool: D::Pool,
     pub(super) statements: Arc<Statements>,
     pub(super) clock: Clock,
     pub(super) metrics: Metrics,
     pub(crate) extra: Arc<D>,
-}
-
-impl<D: Dialect> Clone for SqlStore<D> {
-    fn clone(&self) -> Self {
-        Self {
-            pool: self.pool.clone(),
-            statements: self.statements.clone(),
-            clock: self.clock.clone(),
-            metrics: self.metrics.clone(),
-            extra: self.extra.clone(),
-        }
-    }
 }
 
 impl<D: Dialect> SqlStore<D> {

@@ -40,11 +40,6 @@ use super::sql::{
 /// Postgres migrator reads only the files directly in `migrations/`, never this directory.
 pub static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
-/// A time bound into a statement, in the stored form (see [`NOW`]).
-fn stored_time(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
 /// The SQLite dialect of the one SQL store, with the file it opens.
 #[derive(Debug, Clone)]
 pub struct Lite {
@@ -92,8 +87,9 @@ impl Dialect for Lite {
         }
     }
 
+    /// A time bound into a statement, in the stored form (see [`NOW`]).
     fn time_text(at: DateTime<Utc>) -> String {
-        stored_time(at)
+        at.to_rfc3339_opts(SecondsFormat::Millis, true)
     }
 
     run_on!(SqlitePool, sqlx::Sqlite);
@@ -148,6 +144,6 @@ mod tests {
         let at = DateTime::parse_from_rfc3339("2026-11-30T12:00:00.123456+03:00")
             .unwrap()
             .with_timezone(&Utc);
-        assert_eq!(stored_time(at), "2026-11-30T09:00:00.123Z");
+        assert_eq!(Lite::time_text(at), "2026-11-30T09:00:00.123Z");
     }
 }
