@@ -14,6 +14,12 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// The purge, in one data-modifying CTE (for the query plans the benchmark shows).
 pub const PURGE: &str = include_str!("sql/postgres/purge.sql");
 
+/// The journal's tables that have never been analyzed, with their changes since.
+const UNANALYZED: &str = "SELECT relname::text, n_mod_since_analyze FROM pg_stat_user_tables \
+    WHERE schemaname = current_schema() \
+      AND relname IN ('agent_operations', 'operation_events') \
+      AND last_analyze IS NULL AND last_autoanalyze IS NULL";
+
 /// The Postgres dialect of the one SQL store.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Pg;
@@ -81,15 +87,7 @@ impl Dialect for Pg {
         pool: &PgPool,
         min_changes: i64,
     ) -> Result<Option<u64>, StoreError> {
-        let unanalyzed: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT relname::text, n_mod_since_analyze FROM pg_stat_user_tables \
-             WHERE schemaname = current_schema() \
-               AND relname IN ('agent_operations', 'operation_events') \
-               AND last_analyze IS NULL AND last_autoanalyze IS NULL",
-        )
-        .fetch_all(pool)
-        .await
-        .map_err(classify)?;
+        let unanalyzed: Vec<(String, i64)> = Self::fetch(pool, UNANALYZED, Vec::new()).await?;
         if unanalyzed.is_empty() {
             return Ok(None);
         }
@@ -104,10 +102,7 @@ impl Dialect for Pg {
             if changes < min_changes {
                 continue;
             }
-            sqlx::query(statement)
-                .execute(pool)
-                .await
-                .map_err(classify)?;
+            Self::execute(pool, statement, Vec::new()).await?;
             analyzed += 1;
         }
         Ok(Some(analyzed))
