@@ -15,7 +15,6 @@ use crate::domain::access::{NamespaceScope, Principal, Role, TokenDigest, TokenR
 use crate::domain::derived_key::MIN_SECRET_BYTES;
 use crate::domain::model::Namespace;
 use crate::journal::RequestLimits;
-use crate::store::Backend;
 
 /// Settings of the server and of the reconcile worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -168,6 +167,36 @@ impl TokenSettings {
 }
 
 pub use crate::telemetry::LogFormat;
+
+/// The storage backend a database URL selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `sqlite:` (e.g. `sqlite://opjournal-data/journal.db`): the embedded journal file.
+    Sqlite,
+}
+
+impl Backend {
+    /// The backend of `url`, by its scheme; `None` for any other scheme.
+    pub fn of_url(url: &str) -> Option<Self> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Self::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Some(Self::Sqlite)
+        } else {
+            None
+        }
+    }
+
+    /// `postgres` or `sqlite`, for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::Sqlite => "sqlite",
+        }
+    }
+}
 
 impl Default for Config {
     fn default() -> Self {

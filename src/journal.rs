@@ -25,10 +25,22 @@ use crate::domain::policy::{
     ActionPolicy, AdapterConfig, DuplicateIntentMode, Policy, ResultSource,
 };
 use crate::domain::sensitive;
-use crate::store::{JournalStore, ListQuery, NewOperation, Registration, Settlement};
+use crate::store::{
+    Claim, JournalStore, ListQuery, NewOperation, Registration, SameRequest, Settlement, StoreError,
+};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 use opjournal_client::ErrorReason;
+
+/// A store failure as the use cases answer it: unavailable (retryable) or internal.
+impl From<StoreError> for JournalError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Unavailable(source) => JournalError::StoreUnavailable(source),
+            StoreError::Other(source) => JournalError::Internal(source),
+        }
+    }
+}
 
 /// Limits on request fields (sizes in bytes), set from the configuration.
 #[derive(Debug, Clone)]
@@ -360,14 +372,14 @@ impl Journal {
                     let lease_id = Uuid::new_v4();
                     let claimed = self
                         .store
-                        .claim(
-                            &row.namespace,
-                            &row.operation_key,
+                        .claim(&Claim {
+                            namespace: row.namespace.clone(),
+                            operation_key: row.operation_key.clone(),
                             expected_status,
                             expected_attempt,
-                            lease_for(rules),
+                            lease: lease_for(rules),
                             lease_id,
-                        )
+                        })
                         .await?;
                     if let Some(record) = claimed {
                         self.metrics
@@ -423,13 +435,13 @@ impl Journal {
         }
         let Some(other_key) = self
             .store
-            .find_same_request(
-                &command.namespace,
-                &command.action_type,
-                &command.request_hash,
-                &command.operation_key,
-                Duration::from_secs(u64::from(rule.window_seconds)),
-            )
+            .find_same_request(&SameRequest {
+                namespace: command.namespace.clone(),
+                action_type: command.action_type.clone(),
+                request_hash: command.request_hash,
+                other_than: command.operation_key.clone(),
+                window: Duration::from_secs(u64::from(rule.window_seconds)),
+            })
             .await?
         else {
             return Ok(None);
@@ -644,18 +656,8 @@ impl Journal {
         before: Option<Status>,
         settlement: Settlement,
     ) -> Result<(OperationRecord, Option<Status>), JournalError> {
-        let applied = match before {
-            Some(before) => self
-                .store
-                .settle(token, &settlement)
-                .await?
-                .map(|record| (record, before)),
-            None => self
-                .store
-                .settle_with_previous(token, &settlement)
-                .await?
-                .map(|settled| (settled.record, settled.previous)),
-        };
+        let applied = self.store.settle(token, &settlement).await?;
+        let applied = applied.map(|settled| (settled.record, before.unwrap_or(settled.previous)));
         // Applied or not, this lease reports nothing more that needs its rules.
         self.leases.forget(token);
         if let Some((record, from)) = applied {

@@ -398,7 +398,12 @@ async fn copy_journal_moves_the_embedded_journal_to_postgres(pool: sqlx::PgPool)
             .unwrap();
         for record in records {
             let history = source
-                .history(&record.namespace, &record.operation_key, 0, 1000)
+                .history(&opjournal::store::HistoryQuery {
+                    namespace: record.namespace.clone(),
+                    operation_key: record.operation_key.clone(),
+                    after_event_id: 0,
+                    limit: 1000,
+                })
                 .await
                 .unwrap();
             expected.push((record, history));
@@ -439,7 +444,12 @@ async fn copy_journal_moves_the_embedded_journal_to_postgres(pool: sqlx::PgPool)
             *record
         );
         let copied_history = target
-            .history(&record.namespace, &record.operation_key, 0, 1000)
+            .history(&opjournal::store::HistoryQuery {
+                namespace: record.namespace.clone(),
+                operation_key: record.operation_key.clone(),
+                after_event_id: 0,
+                limit: 1000,
+            })
             .await
             .unwrap();
         assert_eq!(copied_history, *history);
@@ -461,12 +471,12 @@ async fn copy_journal_moves_the_embedded_journal_to_postgres(pool: sqlx::PgPool)
         .max()
         .unwrap();
     let new_event = target
-        .history(
-            &opjournal::domain::model::Namespace::parse("").unwrap(),
-            &opjournal::domain::model::OperationKey::parse("k-new").unwrap(),
-            0,
-            10,
-        )
+        .history(&opjournal::store::HistoryQuery {
+            namespace: opjournal::domain::model::Namespace::parse("").unwrap(),
+            operation_key: opjournal::domain::model::OperationKey::parse("k-new").unwrap(),
+            after_event_id: 0,
+            limit: 10,
+        })
         .await
         .unwrap();
     assert_eq!(new_event.len(), 1);

@@ -25,8 +25,8 @@ use opjournal::domain::model::{
 use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
 use opjournal::store::{
-    Clock, JournalMaintenance, JournalStore, ListQuery, NewOperation, Registration, Resolution,
-    Settled, Settlement,
+    Claim, Clock, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation,
+    Registration, Resolution, ReviewQuery, SameRequest, Settled, Settlement,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -115,7 +115,12 @@ impl Fixture {
 
     async fn history(&self, key: &str) -> Vec<(Option<Status>, Status, i32, bool, Who)> {
         self.store
-            .history(&ns(), &OperationKey::parse(key).unwrap(), 0, 1000)
+            .history(&HistoryQuery {
+                namespace: ns(),
+                operation_key: OperationKey::parse(key).unwrap(),
+                after_event_id: 0,
+                limit: 1000,
+            })
             .await
             .unwrap()
             .into_iter()
@@ -162,6 +167,7 @@ impl Fixture {
             .await
             .unwrap()
             .unwrap()
+            .record
     }
 }
 
@@ -298,14 +304,14 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
     // A live lease is neither taken over nor resolved.
     assert!(
         fx.store
-            .claim(
-                &ns,
-                &live.operation_key,
-                Status::InProgress,
-                1,
-                LEASE,
-                Uuid::new_v4()
-            )
+            .claim(&Claim {
+                namespace: ns.clone(),
+                operation_key: live.operation_key.clone(),
+                expected_status: Status::InProgress,
+                expected_attempt: 1,
+                lease: LEASE,
+                lease_id: Uuid::new_v4()
+            })
             .await
             .unwrap()
             .is_none()
@@ -316,7 +322,7 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
                 &live,
                 &Resolution::ReleaseForRetry,
                 &Attribution::worker("w", "x"),
-                false
+                Lookup::NotMade
             )
             .await
             .unwrap()
@@ -336,14 +342,14 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
     let next_id = Uuid::new_v4();
     let taken = fx
         .store
-        .claim(
-            &ns,
-            &short.operation_key,
-            Status::InProgress,
-            1,
-            LEASE,
-            next_id,
-        )
+        .claim(&Claim {
+            namespace: ns.clone(),
+            operation_key: short.operation_key.clone(),
+            expected_status: Status::InProgress,
+            expected_attempt: 1,
+            lease: LEASE,
+            lease_id: next_id,
+        })
         .await
         .unwrap()
         .unwrap();
@@ -378,21 +384,42 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
     // A stale attempt claims nothing.
     let stale = fx
         .store
-        .claim(&ns, &key, Status::Unknown, 7, LEASE, Uuid::new_v4())
+        .claim(&Claim {
+            namespace: ns.clone(),
+            operation_key: key.clone(),
+            expected_status: Status::Unknown,
+            expected_attempt: 7,
+            lease: LEASE,
+            lease_id: Uuid::new_v4(),
+        })
         .await
         .unwrap();
     assert!(stale.is_none());
     // The right one does, once.
     let claimed = fx
         .store
-        .claim(&ns, &key, Status::Unknown, 1, LEASE, Uuid::new_v4())
+        .claim(&Claim {
+            namespace: ns.clone(),
+            operation_key: key.clone(),
+            expected_status: Status::Unknown,
+            expected_attempt: 1,
+            lease: LEASE,
+            lease_id: Uuid::new_v4(),
+        })
         .await
         .unwrap()
         .unwrap();
     assert_eq!(claimed.attempt_count, 2);
     assert!(
         fx.store
-            .claim(&ns, &key, Status::Unknown, 1, LEASE, Uuid::new_v4())
+            .claim(&Claim {
+                namespace: ns.clone(),
+                operation_key: key.clone(),
+                expected_status: Status::Unknown,
+                expected_attempt: 1,
+                lease: LEASE,
+                lease_id: Uuid::new_v4()
+            })
             .await
             .unwrap()
             .is_none()
@@ -411,7 +438,7 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
     };
     assert!(
         fx.store
-            .resolve(&read, &resolution, &found, true)
+            .resolve(&read, &resolution, &found, Lookup::Made)
             .await
             .unwrap()
             .is_none()
@@ -423,7 +450,7 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
     );
     let settled = fx
         .store
-        .resolve(&current, &resolution, &found, true)
+        .resolve(&current, &resolution, &found, Lookup::Made)
         .await
         .unwrap()
         .unwrap();
@@ -445,7 +472,14 @@ async fn concurrent_claims_of_one_attempt_grant_one_lease(fx: &Fixture) {
         let (ns, key) = (read.namespace.clone(), read.operation_key.clone());
         tasks.push(tokio::spawn(async move {
             store
-                .claim(&ns, &key, Status::Unknown, 1, LEASE, Uuid::new_v4())
+                .claim(&Claim {
+                    namespace: ns.clone(),
+                    operation_key: key.clone(),
+                    expected_status: Status::Unknown,
+                    expected_attempt: 1,
+                    lease: LEASE,
+                    lease_id: Uuid::new_v4(),
+                })
                 .await
                 .unwrap()
         }));
@@ -486,7 +520,7 @@ async fn concurrent_reports_of_one_lease_apply_once(fx: &Fixture) {
     }
     assert_eq!(applied.len(), 1, "a lease holder's report applies once");
     let row = fx.get("k").await;
-    assert_eq!(row.status, applied[0].status);
+    assert_eq!(row.status, applied[0].record.status);
     assert!(row.status.is_terminal());
     assert_eq!(fx.history("k").await.len(), 2);
 }
@@ -516,8 +550,8 @@ async fn a_holder_reports_once_even_after_the_sweep(fx: &Fixture) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(late.status, Status::Succeeded);
-    assert_eq!(late.external_id.as_deref(), Some("pay_2"));
+    assert_eq!(late.record.status, Status::Succeeded);
+    assert_eq!(late.record.external_id.as_deref(), Some("pay_2"));
     // A token of another lease id is refused.
     let other = fx.register("other", LEASE).await;
     let forged = LeaseToken {
@@ -559,7 +593,7 @@ async fn concurrent_resolutions_of_one_read_apply_once(fx: &Fixture) {
                     &read,
                     &resolution,
                     &Attribution::worker(format!("w{i}"), "found"),
-                    true,
+                    Lookup::Made,
                 )
                 .await
                 .unwrap()
@@ -586,7 +620,7 @@ async fn terminal_rows_and_the_history_cannot_be_rewritten(fx: &Fixture) {
                 error_code: "card_declined".into(),
             },
             &Attribution::worker("w", "found_failed"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -626,7 +660,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
                 next_check_after: Duration::from_secs(5),
             },
             &Attribution::worker("w1", "not_found_yet"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -644,7 +678,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
                 reason: "unresolved_after_deadline".into(),
             },
             &Attribution::worker("w2", "escalated"),
-            false,
+            Lookup::NotMade,
         )
         .await
         .unwrap()
@@ -669,7 +703,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
                 result_json: Some(r#"{"id":"pay_1"}"#.into()),
             },
             &reviewer,
-            false,
+            Lookup::NotMade,
         )
         .await
         .unwrap()
@@ -710,20 +744,39 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
     );
     // Pages by event id, in order, with the database's times.
     let key = OperationKey::parse("k").unwrap();
-    let all = fx.store.history(&ns(), &key, 0, 100).await.unwrap();
+    let all = fx
+        .store
+        .history(&HistoryQuery {
+            namespace: ns(),
+            operation_key: key.clone(),
+            after_event_id: 0,
+            limit: 100,
+        })
+        .await
+        .unwrap();
     assert!(all.windows(2).all(|w| w[0].event_id < w[1].event_id));
     assert!(all.windows(2).all(|w| w[0].occurred_at <= w[1].occurred_at));
     assert_eq!(all[0].occurred_at, read.created_at);
     assert_eq!(all[3].occurred_at, resolved.updated_at);
     let page = fx
         .store
-        .history(&ns(), &key, all[0].event_id, 2)
+        .history(&HistoryQuery {
+            namespace: ns(),
+            operation_key: key.clone(),
+            after_event_id: all[0].event_id,
+            limit: 2,
+        })
         .await
         .unwrap();
     assert_eq!(page, all[1..3]);
     assert!(
         fx.store
-            .history(&ns(), &key, all[3].event_id, 10)
+            .history(&HistoryQuery {
+                namespace: ns(),
+                operation_key: key.clone(),
+                after_event_id: all[3].event_id,
+                limit: 10
+            })
             .await
             .unwrap()
             .is_empty()
@@ -738,7 +791,7 @@ async fn a_release_for_retry_lets_the_next_begin_claim(fx: &Fixture) {
             &read,
             &Resolution::ReleaseForRetry,
             &Attribution::worker("w", "proven_absent"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -748,14 +801,14 @@ async fn a_release_for_retry_lets_the_next_begin_claim(fx: &Fixture) {
     assert_eq!(released.lease_until, None);
     let claimed = fx
         .store
-        .claim(
-            &read.namespace,
-            &read.operation_key,
-            Status::Pending,
-            1,
-            LEASE,
-            Uuid::new_v4(),
-        )
+        .claim(&Claim {
+            namespace: read.namespace.clone(),
+            operation_key: read.operation_key.clone(),
+            expected_status: Status::Pending,
+            expected_attempt: 1,
+            lease: LEASE,
+            lease_id: Uuid::new_v4(),
+        })
         .await
         .unwrap()
         .unwrap();
@@ -865,7 +918,7 @@ async fn one_looker_at_a_time_on_request(fx: &Fixture) {
                 next_check_after: Duration::ZERO,
             },
             &Attribution::worker("w", "not_found_yet"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -946,7 +999,7 @@ async fn an_operation_under_review_is_never_claimed(fx: &Fixture) {
                 reason: "no_provider_lookup".into(),
             },
             &Attribution::worker("w", "escalated"),
-            false,
+            Lookup::NotMade,
         )
         .await
         .unwrap()
@@ -954,14 +1007,14 @@ async fn an_operation_under_review_is_never_claimed(fx: &Fixture) {
     assert!(escalated.review_required_at.is_some());
     let claimed = fx
         .store
-        .claim(
-            &read.namespace,
-            &read.operation_key,
-            Status::Unknown,
-            1,
-            LEASE,
-            Uuid::new_v4(),
-        )
+        .claim(&Claim {
+            namespace: read.namespace.clone(),
+            operation_key: read.operation_key.clone(),
+            expected_status: Status::Unknown,
+            expected_attempt: 1,
+            lease: LEASE,
+            lease_id: Uuid::new_v4(),
+        })
         .await
         .unwrap();
     assert!(claimed.is_none());
@@ -1056,14 +1109,22 @@ async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
                     reason: "no_provider_lookup".into(),
                 },
                 &Attribution::worker("w", "escalated"),
-                false,
+                Lookup::NotMade,
             )
             .await
             .unwrap()
             .unwrap();
     }
     fx.unknown("not-escalated").await;
-    let all = fx.store.list_review(&ns(), None, 100).await.unwrap();
+    let all = fx
+        .store
+        .list_review(&ReviewQuery {
+            namespace: ns(),
+            after: None,
+            limit: 100,
+        })
+        .await
+        .unwrap();
     assert_eq!(all.len(), 3);
     assert!(all.windows(2).all(|w| {
         (w[0].review_required_at, w[0].operation_key.as_str())
@@ -1072,20 +1133,24 @@ async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
     let first = &all[0];
     let rest = fx
         .store
-        .list_review(
-            &ns(),
-            Some((
+        .list_review(&ReviewQuery {
+            namespace: ns(),
+            after: Some((
                 first.review_required_at.unwrap(),
                 first.operation_key.to_string(),
             )),
-            100,
-        )
+            limit: 100,
+        })
         .await
         .unwrap();
     assert_eq!(keys(&rest), keys(&all[1..]));
     assert!(
         fx.store
-            .list_review(&Namespace::parse("tenant-b").unwrap(), None, 100)
+            .list_review(&ReviewQuery {
+                namespace: Namespace::parse("tenant-b").unwrap(),
+                after: None,
+                limit: 100
+            })
             .await
             .unwrap()
             .is_empty()
@@ -1100,13 +1165,13 @@ async fn the_same_request_is_found_under_other_keys(fx: &Fixture) {
         let (hash, action) = (hash, action.clone());
         async move {
             store
-                .find_same_request(
-                    &ns(),
-                    &action,
-                    &hash,
-                    &OperationKey::parse(other_than).unwrap(),
+                .find_same_request(&SameRequest {
+                    namespace: ns(),
+                    action_type: action.clone(),
+                    request_hash: hash,
+                    other_than: OperationKey::parse(other_than).unwrap(),
                     window,
-                )
+                })
                 .await
                 .unwrap()
         }
@@ -1140,13 +1205,13 @@ async fn the_same_request_is_found_under_other_keys(fx: &Fixture) {
     );
     assert_eq!(
         fx.store
-            .find_same_request(
-                &Namespace::parse("tenant-b").unwrap(),
-                &action,
-                &hash,
-                &OperationKey::parse("new").unwrap(),
-                window,
-            )
+            .find_same_request(&SameRequest {
+                namespace: Namespace::parse("tenant-b").unwrap(),
+                action_type: action.clone(),
+                request_hash: hash,
+                other_than: OperationKey::parse("new").unwrap(),
+                window
+            })
             .await
             .unwrap(),
         None
@@ -1179,7 +1244,7 @@ async fn purge_deletes_only_terminal_operations_past_retention(fx: &Fixture) {
             &released,
             &Resolution::ReleaseForRetry,
             &Attribution::worker("w", "proven_absent"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
@@ -1350,7 +1415,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     let live = fx.register("live", LEASE).await;
     let Settled { record, previous } = fx
         .store
-        .settle_with_previous(&token(&live), &succeeded("pay_1"))
+        .settle(&token(&live), &succeeded("pay_1"))
         .await
         .unwrap()
         .unwrap();
@@ -1364,7 +1429,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     for report in [succeeded("pay_1"), declined(), timed_out()] {
         assert!(
             fx.store
-                .settle_with_previous(&token(&live), &report)
+                .settle(&token(&live), &report)
                 .await
                 .unwrap()
                 .is_none()
@@ -1379,7 +1444,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     assert_eq!(fx.store.sweep_expired_leases(10, "w").await.unwrap(), 1);
     let Settled { record, previous } = fx
         .store
-        .settle_with_previous(&token(&swept), &declined())
+        .settle(&token(&swept), &declined())
         .await
         .unwrap()
         .unwrap();
@@ -1414,14 +1479,14 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
             &released,
             &Resolution::ReleaseForRetry,
             &Attribution::worker("w", "proven_absent"),
-            true,
+            Lookup::Made,
         )
         .await
         .unwrap()
         .unwrap();
     let Settled { record, previous } = fx
         .store
-        .settle_with_previous(&token(&released), &timed_out())
+        .settle(&token(&released), &timed_out())
         .await
         .unwrap()
         .unwrap();
@@ -1444,7 +1509,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     for token in [forged, stale] {
         assert!(
             fx.store
-                .settle_with_previous(&token, &succeeded("pay_3"))
+                .settle(&token, &succeeded("pay_3"))
                 .await
                 .unwrap()
                 .is_none()
@@ -1458,7 +1523,7 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
     };
     assert!(
         fx.store
-            .settle_with_previous(&missing, &declined())
+            .settle(&missing, &declined())
             .await
             .unwrap()
             .is_none()
@@ -1547,7 +1612,7 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     );
     assert_eq!(calls, ["register"]);
     let (kept, calls) = store_calls(journal.complete(&token, "pay_1", result)).await;
-    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(calls, ["settle"]);
     let kept = kept.unwrap();
     assert_eq!(kept.status, Status::Succeeded);
     let (replay, calls) = store_calls(begin(journal.clone(), "k1")).await;
@@ -1562,11 +1627,11 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     let token = lease(begin(journal.clone(), "k2").await);
     let (failed, calls) = store_calls(journal.fail(&token, "card_declined")).await;
     assert_eq!(failed.unwrap().status, Status::FailedFinal);
-    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(calls, ["settle"]);
     let token = lease(begin(journal.clone(), "k3").await);
     let (unknown, calls) = store_calls(journal.report_unknown(&token, "timeout")).await;
     assert_eq!(unknown.unwrap().status, Status::Unknown);
-    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(calls, ["settle"]);
 
     // On another replica a result is sanitized by the rules read from the row, the same way.
     let token = lease(begin(journal.clone(), "k4").await);
@@ -1580,7 +1645,7 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     // Without a result, no rules are needed anywhere.
     let token = lease(begin(journal.clone(), "k6").await);
     let (elsewhere, calls) = store_calls(replica.complete(&token, "pay_6", "")).await;
-    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(calls, ["settle"]);
     assert_eq!(elsewhere.unwrap().result_json, None);
     assert_eq!(fx.history("k6").await.len(), 2);
 
@@ -1602,7 +1667,7 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     journal.renew(&token, 30).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let (renewed, calls) = store_calls(journal.complete(&token, "pay_8", result)).await;
-    assert_eq!(calls, ["settle_with_previous"]);
+    assert_eq!(calls, ["settle"]);
     assert_eq!(renewed.unwrap().result_json, kept.result_json);
 }
 
@@ -1702,14 +1767,14 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let taken_by = fx
         .store
-        .claim(
-            &ns(),
-            &OperationKey::parse("taken").unwrap(),
-            Status::InProgress,
-            1,
-            LEASE,
-            Uuid::new_v4(),
-        )
+        .claim(&Claim {
+            namespace: ns(),
+            operation_key: OperationKey::parse("taken").unwrap(),
+            expected_status: Status::InProgress,
+            expected_attempt: 1,
+            lease: LEASE,
+            lease_id: Uuid::new_v4(),
+        })
         .await
         .unwrap()
         .unwrap();
@@ -1846,7 +1911,7 @@ async fn backlog_stats_count_unknown_and_review_and_age_the_oldest(f: &Fixture) 
                 reason: "no_provider_lookup".into(),
             },
             &Attribution::worker("w", "escalated"),
-            false,
+            Lookup::NotMade,
         )
         .await
         .unwrap()
@@ -1995,8 +2060,7 @@ async fn a_report_racing_a_change_of_its_row_sees_the_change_on_postgres(pool: P
     .unwrap();
     let store = fx.store.clone();
     let token_swept = token(&swept);
-    let report =
-        tokio::spawn(async move { store.settle_with_previous(&token_swept, &declined()).await });
+    let report = tokio::spawn(async move { store.settle(&token_swept, &declined()).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!report.is_finished(), "the report waits for the sweep");
     sweep.commit().await.unwrap();
@@ -2029,11 +2093,7 @@ async fn a_report_racing_a_change_of_its_row_sees_the_change_on_postgres(pool: P
     .unwrap();
     let store = fx.store.clone();
     let token_taken = token(&taken);
-    let report = tokio::spawn(async move {
-        store
-            .settle_with_previous(&token_taken, &succeeded("pay_1"))
-            .await
-    });
+    let report = tokio::spawn(async move { store.settle(&token_taken, &succeeded("pay_1")).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!report.is_finished(), "the report waits for the takeover");
     takeover.commit().await.unwrap();

@@ -32,7 +32,7 @@ use crate::domain::model::{
 use crate::domain::policy::{ActionPolicy, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
 use crate::journal::{PageToken, RequestLimits, page_limit};
-use crate::store::{JournalStore, Resolution};
+use crate::store::{HistoryQuery, JournalStore, Lookup, Resolution, ReviewQuery};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
@@ -286,7 +286,7 @@ impl Reconciler {
                 Attribution::worker(self.actor.clone(), "escalated:action_not_configured");
             return match self
                 .store
-                .resolve(&record, &escalate, &attribution, false)
+                .resolve(&record, &escalate, &attribution, Lookup::NotMade)
                 .await?
             {
                 Some(updated) => Ok(ReconcileReport {
@@ -358,11 +358,17 @@ impl Reconciler {
         action: &ActionPolicy,
         observation: Option<Observation>,
     ) -> Result<ReconcileReport, JournalError> {
-        let resolution = match &observation {
-            Some(observation) => resolution_for(&record, action, observation, rand::random()),
-            None => Resolution::Escalate {
-                reason: "no_provider_lookup".into(),
-            },
+        let (resolution, lookup) = match &observation {
+            Some(observation) => (
+                resolution_for(&record, action, observation, rand::random()),
+                Lookup::Made,
+            ),
+            None => (
+                Resolution::Escalate {
+                    reason: "no_provider_lookup".into(),
+                },
+                Lookup::NotMade,
+            ),
         };
         let attribution = Attribution::worker(
             self.actor.clone(),
@@ -370,7 +376,7 @@ impl Reconciler {
         );
         let applied = self
             .store
-            .resolve(&record, &resolution, &attribution, observation.is_some())
+            .resolve(&record, &resolution, &attribution, lookup)
             .await?;
         let (record, action) = match applied {
             Some(updated) => {
@@ -471,7 +477,7 @@ impl Reconciler {
         }
         match self
             .store
-            .resolve(&current, &resolution, &attribution, false)
+            .resolve(&current, &resolution, &attribution, Lookup::NotMade)
             .await?
         {
             Some(record) => {
@@ -508,7 +514,14 @@ impl Reconciler {
         } else {
             Some(PageToken::decode(page_token, &filters)?)
         };
-        let mut rows = self.store.list_review(&namespace, after, limit + 1).await?;
+        let mut rows = self
+            .store
+            .list_review(&ReviewQuery {
+                namespace: namespace.clone(),
+                after,
+                limit: limit + 1,
+            })
+            .await?;
         let next = next_token(&mut rows, limit, |last| {
             last.review_required_at
                 .map(|at| PageToken::encode(at, last.operation_key.as_str(), &filters))
@@ -542,7 +555,12 @@ impl Reconciler {
         }
         let mut events = self
             .store
-            .history(&namespace, &key, after, limit + 1)
+            .history(&HistoryQuery {
+                namespace: namespace.clone(),
+                operation_key: key.clone(),
+                after_event_id: after,
+                limit: limit + 1,
+            })
             .await?;
         let next = next_token(&mut events, limit, |last| {
             Some(PageToken::encode_position(last.event_id, "", &filters))

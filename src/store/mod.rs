@@ -9,7 +9,7 @@
 //! Every method is a single statement (one round trip, one commit): no transaction is ever
 //! held open across anything slow. Methods that change a row take the state the caller
 //! read and return `None` when the row no longer matches it; the caller decides what that
-//! means. On SQLite, [`JournalStore::register`] and [`JournalStore::settle_with_previous`]
+//! means. On SQLite, [`JournalStore::register`] and [`JournalStore::settle`]
 //! take two statements (Postgres answers each in one).
 
 pub mod copy;
@@ -25,7 +25,6 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::domain::canonical::RequestHash;
-use crate::domain::error::JournalError;
 use crate::domain::lease::LeaseToken;
 use crate::domain::model::{
     ActionType, Attribution, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
@@ -37,44 +36,6 @@ pub use postgres::PgStore;
 pub use sql::{Clock, SqlStore};
 pub use sqlite::SqliteStore;
 
-/// The storage backend a database URL selects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// `postgres://` or `postgresql://`.
-    Postgres,
-    /// `sqlite:` (e.g. `sqlite://opjournal-data/journal.db`): the embedded journal file.
-    Sqlite,
-}
-
-impl Backend {
-    /// The backend of `url`, by its scheme; `None` for any other scheme.
-    pub fn of_url(url: &str) -> Option<Self> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Some(Self::Postgres)
-        } else if url.starts_with("sqlite:") {
-            Some(Self::Sqlite)
-        } else {
-            None
-        }
-    }
-
-    /// The OpenTelemetry `db.system.name` of the backend: `postgresql` or `sqlite`.
-    pub fn otel_system(self) -> &'static str {
-        match self {
-            Self::Postgres => "postgresql",
-            Self::Sqlite => "sqlite",
-        }
-    }
-
-    /// `postgres` or `sqlite`, for logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Postgres => "postgres",
-            Self::Sqlite => "sqlite",
-        }
-    }
-}
-
 /// A storage failure, split by what the caller can do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -84,15 +45,6 @@ pub enum StoreError {
     /// Anything else: a bug, a broken constraint, corrupt data.
     #[error("database error")]
     Other(#[source] Box<dyn std::error::Error + Send + Sync>),
-}
-
-impl From<StoreError> for JournalError {
-    fn from(error: StoreError) -> Self {
-        match error {
-            StoreError::Unavailable(source) => JournalError::StoreUnavailable(source),
-            StoreError::Other(source) => JournalError::Internal(source),
-        }
-    }
 }
 
 /// A new intent to register, with the lease its registering caller gets.
@@ -134,7 +86,7 @@ pub enum Registration {
     Raced,
 }
 
-/// A report applied by [`JournalStore::settle_with_previous`].
+/// A report applied by [`JournalStore::settle`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settled {
     /// The row after the report.
@@ -142,6 +94,15 @@ pub struct Settled {
     /// The status the report moved the row from (`in_progress`, or `unknown` / `pending` when
     /// the sweep or a release put it there), for the transition's `from`.
     pub previous: Status,
+}
+
+/// Whether a resolution follows a provider lookup, which counts in `reconcile_attempts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// The provider was asked.
+    Made,
+    /// No lookup: a reviewer's decision, or an escalation without asking.
+    NotMade,
 }
 
 /// Filters and position for listing operations.
@@ -156,6 +117,62 @@ pub struct ListQuery {
     /// Continue after this (created_at, operation_key) position.
     pub after: Option<(DateTime<Utc>, String)>,
     /// At most this many rows.
+    pub limit: i64,
+}
+
+/// A new lease on an existing operation, for [`JournalStore::claim`].
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// The operation.
+    pub operation_key: OperationKey,
+    /// The status the caller read; the claim applies only if the row is still in it.
+    pub expected_status: Status,
+    /// The attempt the caller read; the claim applies only if the row is still at it.
+    pub expected_attempt: i32,
+    /// Lease length granted.
+    pub lease: Duration,
+    /// Random id of the new lease (the secret part of the fencing token).
+    pub lease_id: Uuid,
+}
+
+/// Another operation with the same request, for [`JournalStore::find_same_request`].
+#[derive(Debug, Clone)]
+pub struct SameRequest {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// The action type.
+    pub action_type: ActionType,
+    /// The request hash.
+    pub request_hash: RequestHash,
+    /// The operation asking, never answered.
+    pub other_than: OperationKey,
+    /// How long ago a succeeded operation still counts.
+    pub window: Duration,
+}
+
+/// Position in the review queue, for [`JournalStore::list_review`].
+#[derive(Debug, Clone)]
+pub struct ReviewQuery {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// Continue after this (review_required_at, operation_key) position.
+    pub after: Option<(DateTime<Utc>, String)>,
+    /// At most this many rows.
+    pub limit: i64,
+}
+
+/// One operation's history page, for [`JournalStore::history`].
+#[derive(Debug, Clone)]
+pub struct HistoryQuery {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// The operation.
+    pub operation_key: OperationKey,
+    /// Continue after this event id (0: from the start).
+    pub after_event_id: i64,
+    /// At most this many events.
     pub limit: i64,
 }
 
@@ -185,34 +202,18 @@ pub trait JournalStore: JournalMaintenance {
         key: &OperationKey,
     ) -> Result<Option<OperationRecord>, StoreError>;
 
-    /// Grants a new lease on an existing operation if it is still in `expected_status` with
-    /// `expected_attempt` (and, for `in_progress`, its lease has ended): attempt + 1.
-    async fn claim(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        expected_status: Status,
-        expected_attempt: i32,
-        lease: Duration,
-        lease_id: Uuid,
-    ) -> Result<Option<OperationRecord>, StoreError>;
+    /// Grants a new lease on an existing operation if it is still as the claim expects (and,
+    /// for `in_progress`, its lease has ended): attempt + 1.
+    async fn claim(&self, claim: &Claim) -> Result<Option<OperationRecord>, StoreError>;
 
     /// Applies a lease holder's report if the token's lease is still the row's (same attempt
-    /// and lease id) and the row is in a status the report may leave.
-    async fn settle(
-        &self,
-        token: &LeaseToken,
-        settlement: &Settlement,
-    ) -> Result<Option<OperationRecord>, StoreError>;
-
-    /// Applies a report like [`settle`](Self::settle) and also answers the status the row
-    /// left, read from the version the report changed; `None` when the report does not apply
-    /// (nothing is changed).
+    /// and lease id) and the row is in a status the report may leave, and answers the row
+    /// with the status it left; `None` when the report does not apply (nothing is changed).
     ///
     /// SQLite reads the row, then settles (the status read may be older than the one the
     /// report changed if another writer came in between, as when the caller reads first).
     /// Postgres answers in one statement, from the row version it changed.
-    async fn settle_with_previous(
+    async fn settle(
         &self,
         token: &LeaseToken,
         settlement: &Settlement,
@@ -230,37 +231,25 @@ pub trait JournalStore: JournalMaintenance {
 
     /// Applies a resolution (from a lookup or a reviewer) if the row is still as `expected`
     /// was read (same status and attempt; an `in_progress` row only once its lease has
-    /// ended), recording `attribution` in the history. `lookup_made` counts a provider lookup
-    /// in `reconcile_attempts`.
+    /// ended), recording `attribution` in the history. [`Lookup::Made`] counts a provider
+    /// lookup in `reconcile_attempts`.
     async fn resolve(
         &self,
         expected: &OperationRecord,
         resolution: &Resolution,
         attribution: &Attribution,
-        lookup_made: bool,
+        lookup: Lookup,
     ) -> Result<Option<OperationRecord>, StoreError>;
 
     /// Moves up to `limit` `in_progress` rows whose lease has ended to `unknown`, due for a
     /// lookup now; returns how many moved. Live leases are never touched.
     async fn sweep_expired_leases(&self, limit: i64, worker: &str) -> Result<u64, StoreError>;
 
-    /// Operations waiting for review in `namespace`, oldest escalation first, after the
-    /// (review_required_at, operation_key) position `after`.
-    async fn list_review(
-        &self,
-        namespace: &Namespace,
-        after: Option<(DateTime<Utc>, String)>,
-        limit: i64,
-    ) -> Result<Vec<OperationRecord>, StoreError>;
+    /// Operations waiting for review, oldest escalation first.
+    async fn list_review(&self, query: &ReviewQuery) -> Result<Vec<OperationRecord>, StoreError>;
 
-    /// An operation's history after event `after_event_id`, oldest first.
-    async fn history(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        after_event_id: i64,
-        limit: i64,
-    ) -> Result<Vec<OperationEvent>, StoreError>;
+    /// An operation's history, oldest first.
+    async fn history(&self, query: &HistoryQuery) -> Result<Vec<OperationEvent>, StoreError>;
 
     /// Claims up to `limit` unknown operations due for a lookup, pushing their next check
     /// `hold` into the future so that no other worker looks them up meanwhile.
@@ -280,16 +269,9 @@ pub trait JournalStore: JournalMaintenance {
         hold: Duration,
     ) -> Result<Option<OperationRecord>, StoreError>;
 
-    /// The key of another operation in `namespace` with the same action type and request
+    /// The key of another operation in the namespace with the same action type and request
     /// hash that is pending, in progress or unknown, or succeeded less than `window` ago.
-    async fn find_same_request(
-        &self,
-        namespace: &Namespace,
-        action_type: &ActionType,
-        request_hash: &RequestHash,
-        other_than: &OperationKey,
-        window: Duration,
-    ) -> Result<Option<String>, StoreError>;
+    async fn find_same_request(&self, query: &SameRequest) -> Result<Option<String>, StoreError>;
 }
 
 /// The journal's upkeep, apart from its operations: retention, readiness, the backlog

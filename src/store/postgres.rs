@@ -2,13 +2,11 @@
 //! that really differ (`src/store/sql/postgres/`): `SKIP LOCKED` batch claims, a register and
 //! a report answered in one statement each, a purge in one data-modifying CTE.
 
-use std::time::Duration;
-
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 
+use super::StoreError;
 use super::sql::{Arg, CountRow, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
-use super::{Backend, StoreError};
 
 /// The migrations of this backend, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -16,8 +14,11 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// The purge, in one data-modifying CTE (for the query plans the benchmark shows).
 pub const PURGE: &str = include_str!("sql/postgres/purge.sql");
 
-/// How long a pooled connection may sit idle before it is pinged on its next use.
-pub const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
+/// The journal's tables that have never been analyzed, with their changes since.
+const UNANALYZED: &str = "SELECT relname::text, n_mod_since_analyze FROM pg_stat_user_tables \
+    WHERE schemaname = current_schema() \
+      AND relname IN ('agent_operations', 'operation_events') \
+      AND last_analyze IS NULL AND last_autoanalyze IS NULL";
 
 /// The Postgres dialect of the one SQL store.
 #[derive(Debug, Clone, Copy, Default)]
@@ -31,42 +32,6 @@ impl PgStore {
     pub fn new(pool: PgPool) -> Self {
         Self::from_parts(pool, Pg)
     }
-
-    /// Creates a lazily connecting pool of at most `max_connections`; connections are made
-    /// on first use, so the server starts (not ready) while the database is down.
-    ///
-    /// A connection that sat idle for [`IDLE_PING_AFTER`] or longer is pinged before it is
-    /// used (a dead one is replaced); one in steady use is not, which saves a round trip per
-    /// statement. A statement sent on a connection that died since its last use fails
-    /// `UNAVAILABLE`/`STORE_UNAVAILABLE` having written nothing, and the connection is
-    /// dropped.
-    ///
-    /// Errors: the URL cannot be parsed.
-    pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(3))
-            .test_before_acquire(false)
-            .before_acquire(|connection, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= IDLE_PING_AFTER {
-                        sqlx::Connection::ping(connection).await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .connect_lazy(url)
-            .map_err(|e| StoreError::Other(Box::new(e)))?;
-        Ok(Self::new(pool))
-    }
-
-    /// Applies pending migrations.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.pool).await.map_err(|e| match e {
-            sqlx::migrate::MigrateError::Execute(e) => classify(e),
-            other => StoreError::Other(Box::new(other)),
-        })
-    }
 }
 
 /// Splits sqlx errors into "unavailable" (retry later, nothing changed) and the rest.
@@ -79,7 +44,7 @@ pub(crate) fn classify(error: sqlx::Error) -> StoreError {
 
 impl Dialect for Pg {
     type Pool = PgPool;
-    const BACKEND: Backend = Backend::Postgres;
+    const SYSTEM: &'static str = "postgresql";
     const REGISTER: Option<&'static str> = Some(include_str!("sql/postgres/register.sql"));
     const SETTLE_WITH_PREVIOUS: Option<&'static str> =
         Some(include_str!("sql/postgres/settle_with_previous.sql"));
@@ -111,7 +76,7 @@ impl Dialect for Pg {
     run_on!(PgPool, sqlx::Postgres);
 
     async fn purge(store: &PgStore, limit: i64) -> Result<u64, StoreError> {
-        let purge = super::sql::Statement::new::<Pg>(PURGE);
+        let purge = super::sql::Statement::new::<Pg>("purge", "DELETE", PURGE);
         let rows: Vec<CountRow> = store.rows(&purge, vec![Arg::Int(limit)]).await?;
         Ok(rows
             .first()
@@ -122,15 +87,7 @@ impl Dialect for Pg {
         pool: &PgPool,
         min_changes: i64,
     ) -> Result<Option<u64>, StoreError> {
-        let unanalyzed: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT relname::text, n_mod_since_analyze FROM pg_stat_user_tables \
-             WHERE schemaname = current_schema() \
-               AND relname IN ('agent_operations', 'operation_events') \
-               AND last_analyze IS NULL AND last_autoanalyze IS NULL",
-        )
-        .fetch_all(pool)
-        .await
-        .map_err(classify)?;
+        let unanalyzed: Vec<(String, i64)> = Self::fetch(pool, UNANALYZED, Vec::new()).await?;
         if unanalyzed.is_empty() {
             return Ok(None);
         }
@@ -145,10 +102,7 @@ impl Dialect for Pg {
             if changes < min_changes {
                 continue;
             }
-            sqlx::query(statement)
-                .execute(pool)
-                .await
-                .map_err(classify)?;
+            Self::execute(pool, statement, Vec::new()).await?;
             analyzed += 1;
         }
         Ok(Some(analyzed))

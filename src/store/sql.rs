@@ -18,8 +18,9 @@ use tracing::field::Empty;
 use uuid::Uuid;
 
 use super::{
-    Backend, BacklogStats, JournalMaintenance, JournalStore, ListQuery, NewOperation, Registration,
-    Resolution, Settled, Settlement, StoreError,
+    BacklogStats, Claim, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup,
+    NewOperation, Registration, Resolution, ReviewQuery, SameRequest, Settled, Settlement,
+    StoreError,
 };
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::LeaseToken;
@@ -117,14 +118,15 @@ impl<T> Decoded for T where
 
 /// What a backend adds to the one store: how it spells the clock, intervals and types, how
 /// it runs a statement, and the few statements that really differ.
-pub trait Dialect: Send + Sync + Sized + 'static {
+pub trait Dialect: Clone + Send + Sync + Sized + 'static {
     /// The connection pool.
     type Pool: Clone + Send + Sync + std::fmt::Debug + 'static;
-    /// Which backend this is.
-    const BACKEND: Backend;
+    /// The OpenTelemetry `db.system.name` of the backend: `postgresql` or `sqlite`.
+    const SYSTEM: &'static str;
     /// `register` in one statement, when the backend can (else insert, then get).
     const REGISTER: Option<&'static str>;
-    /// `settle_with_previous` in one statement, when the backend can (else get, then settle).
+    /// `settle` in one statement, answering the status it left, when the backend can (else
+    /// get, then the plain report).
     const SETTLE_WITH_PREVIOUS: Option<&'static str>;
     /// The batch claims: the lease sweep and the reconcile claim.
     const SWEEP: &'static str;
@@ -209,18 +211,31 @@ pub fn render<D: Dialect>(template: &str) -> String {
     out
 }
 
-/// A rendered statement: `clocked` when it reads the clock, bound as `$1`.
+/// A rendered statement: `clocked` when it reads the clock, bound as `$1`; `method` is the
+/// store method that sends it and `operation` its kind, for its span and error count. Its
+/// table is `operation_events` for `history`, `agent_operations` for every other method.
 #[derive(Debug, Clone)]
 pub struct Statement {
     sql: String,
     clocked: bool,
+    method: &'static str,
+    operation: &'static str,
 }
 
 impl Statement {
-    pub(super) fn new<D: Dialect>(template: &str) -> Self {
+    pub(super) fn new<D: Dialect>(
+        method: &'static str,
+        operation: &'static str,
+        template: &str,
+    ) -> Self {
         let sql = render::<D>(template);
         let clocked = binds_first(&sql) && !binds_first(template);
-        Self { sql, clocked }
+        Self {
+            sql,
+            clocked,
+            method,
+            operation,
+        }
     }
 
     /// The statement as sent, with `$n` parameters.
@@ -278,25 +293,39 @@ const RESOLUTIONS: [&str; 5] = [
 impl Statements {
     pub(super) fn new<D: Dialect>() -> Self {
         let st = Statement::new::<D>;
-        let settle = |template: &str| SETTLEMENTS.map(|s| st(&with(template, "settlement", s)));
+        let update = |m, t: &str| st(m, "UPDATE", t);
+        // The statement of method `$name`, in `sql/$name.sql`.
+        macro_rules! file {
+            ($operation:literal $name:ident) => {{
+                let name = stringify!($name);
+                st(
+                    name,
+                    $operation,
+                    include_str!(concat!("sql/", stringify!($name), ".sql")),
+                )
+            }};
+        }
+        let settle = |template: &str| {
+            SETTLEMENTS.map(|s| update("settle", &with(template, "settlement", s)))
+        };
+        let resolve = include_str!("sql/resolve.sql");
         Self {
-            insert: st("{@insert} RETURNING {@columns}"),
-            register: D::REGISTER.map(st),
-            get: st(include_str!("sql/get.sql")),
-            claim: st(include_str!("sql/claim.sql")),
+            insert: st("register", "INSERT", "{@insert} RETURNING {@columns}"),
+            register: D::REGISTER.map(|t| st("register", "INSERT", t)),
+            get: file!("SELECT" get),
+            claim: file!("UPDATE" claim),
             settle: settle(include_str!("sql/settle.sql")),
             settle_with_previous: D::SETTLE_WITH_PREVIOUS.map(settle),
-            renew: st(include_str!("sql/renew.sql")),
-            list: st(include_str!("sql/list.sql")),
-            resolve: RESOLUTIONS
-                .map(|r| st(&with(include_str!("sql/resolve.sql"), "resolution", r))),
-            sweep: st(D::SWEEP),
-            list_review: st(include_str!("sql/list_review.sql")),
-            history: st(include_str!("sql/history.sql")),
-            claim_due: st(D::CLAIM_DUE),
-            claim_for_reconcile: st(include_str!("sql/claim_for_reconcile.sql")),
-            find_same_request: st(include_str!("sql/find_same_request.sql")),
-            backlog_stats: st(include_str!("sql/backlog_stats.sql")),
+            renew: file!("UPDATE" renew),
+            list: file!("SELECT" list),
+            resolve: RESOLUTIONS.map(|r| update("resolve", &with(resolve, "resolution", r))),
+            sweep: update("sweep_expired_leases", D::SWEEP),
+            list_review: file!("SELECT" list_review),
+            history: file!("SELECT" history),
+            claim_due: update("claim_due", D::CLAIM_DUE),
+            claim_for_reconcile: file!("UPDATE" claim_for_reconcile),
+            find_same_request: file!("SELECT" find_same_request),
+            backlog_stats: file!("SELECT" backlog_stats),
         }
     }
 
@@ -319,7 +348,7 @@ impl Statements {
             ("list_review", self.list_review.sql()),
         ];
         if let Some(settle) = &self.settle_with_previous {
-            all[1] = ("settle_with_previous (succeeded)", settle[0].sql());
+            all[1].1 = settle[0].sql();
         }
         all
     }
@@ -347,29 +376,17 @@ impl Clock {
 }
 
 /// The journal in a SQL database of dialect `D`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SqlStore<D: Dialect> {
-    pub(super) pool: D::Pool,
+    pub(crate) pool: D::Pool,
     pub(super) statements: Arc<Statements>,
     pub(super) clock: Clock,
     pub(super) metrics: Metrics,
-    pub(super) extra: Arc<D>,
-}
-
-impl<D: Dialect> Clone for SqlStore<D> {
-    fn clone(&self) -> Self {
-        Self {
-            pool: self.pool.clone(),
-            statements: self.statements.clone(),
-            clock: self.clock.clone(),
-            metrics: self.metrics.clone(),
-            extra: self.extra.clone(),
-        }
-    }
+    pub(crate) extra: Arc<D>,
 }
 
 impl<D: Dialect> SqlStore<D> {
-    pub(super) fn from_parts(pool: D::Pool, extra: D) -> Self {
+    pub(crate) fn from_parts(pool: D::Pool, extra: D) -> Self {
         Self {
             pool,
             statements: Arc::new(Statements::new::<D>()),
@@ -474,7 +491,7 @@ impl<D: Dialect> SqlStore<D> {
                 otel.name = name,
                 otel.kind = "client",
                 otel.status_code = Empty,
-                db.system.name = D::BACKEND.otel_system(),
+                db.system.name = D::SYSTEM,
                 db.operation.name = operation,
                 db.collection.name = collection,
                 opjournal.store.method = method,
@@ -497,45 +514,28 @@ impl<D: Dialect> SqlStore<D> {
 
 const OPERATIONS: &str = "agent_operations";
 
-impl From<&str> for Arg {
-    fn from(value: &str) -> Self {
-        Self::Text(Some(value.to_owned()))
-    }
+/// `Arg::from` for each bindable type: text, integers, seconds, ids.
+macro_rules! arg_from {
+    ($($type:ty => |$value:ident| $arg:expr),* $(,)?) => {$(
+        impl From<$type> for Arg {
+            fn from($value: $type) -> Self {
+                $arg
+            }
+        }
+    )*};
 }
-
-impl From<String> for Arg {
-    fn from(value: String) -> Self {
-        Self::Text(Some(value))
-    }
-}
+arg_from!(
+    &str => |value| Self::Text(Some(value.to_owned())),
+    String => |value| Self::Text(Some(value)),
+    i64 => |value| Self::Int(value),
+    i32 => |value| Self::Int(value.into()),
+    Duration => |value| Self::Float(value.as_secs_f64()),
+    Uuid => |value| Self::Text(Some(value.hyphenated().to_string())),
+);
 
 impl<T: Into<String>> From<Option<T>> for Arg {
     fn from(value: Option<T>) -> Self {
         Self::Text(value.map(Into::into))
-    }
-}
-
-impl From<i64> for Arg {
-    fn from(value: i64) -> Self {
-        Self::Int(value)
-    }
-}
-
-impl From<i32> for Arg {
-    fn from(value: i32) -> Self {
-        Self::Int(value.into())
-    }
-}
-
-impl From<Duration> for Arg {
-    fn from(value: Duration) -> Self {
-        Self::Float(value.as_secs_f64())
-    }
-}
-
-impl From<Uuid> for Arg {
-    fn from(value: Uuid) -> Self {
-        Self::Text(Some(value.hyphenated().to_string()))
     }
 }
 
@@ -605,16 +605,36 @@ fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
 }
 
 impl<D: Dialect> SqlStore<D> {
-    /// One method that is one statement answering at most one record.
+    /// Runs `call`, the work of `statement`'s method, through [`call`](Self::call).
+    async fn run<T>(
+        &self,
+        statement: &Statement,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let collection = match statement.method {
+            "history" => "operation_events",
+            _ => OPERATIONS,
+        };
+        let (method, operation) = (statement.method, statement.operation);
+        self.call(method, operation, collection, call).await
+    }
+
+    /// A method that is one statement answering at most one record.
     async fn one(
         &self,
-        method: &'static str,
         statement: &Statement,
         args: Vec<Arg>,
     ) -> Result<Option<OperationRecord>, StoreError> {
-        let operation = if method == "get" { "SELECT" } else { "UPDATE" };
-        self.call(method, operation, OPERATIONS, self.record(statement, args))
-            .await
+        self.run(statement, self.record(statement, args)).await
+    }
+
+    /// A method that is one statement answering records.
+    async fn many(
+        &self,
+        statement: &Statement,
+        args: Vec<Arg>,
+    ) -> Result<Vec<OperationRecord>, StoreError> {
+        self.run(statement, self.records(statement, args)).await
     }
 }
 
@@ -640,7 +660,9 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
                 Some(RegisteredRow { row, .. }) => Registration::Existing(row.try_into()?),
             })
         };
-        self.call("register", "INSERT", OPERATIONS, register).await
+        let statement = self.statements.register.as_ref();
+        self.run(statement.unwrap_or(&self.statements.insert), register)
+            .await
     }
 
     async fn get(
@@ -649,34 +671,17 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         key: &OperationKey,
     ) -> Result<Option<OperationRecord>, StoreError> {
         let args = args![namespace.as_str(), key.as_str()];
-        self.one("get", &self.statements.get, args).await
+        self.one(&self.statements.get, args).await
     }
 
-    async fn claim(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        expected_status: Status,
-        expected_attempt: i32,
-        lease: Duration,
-        lease_id: Uuid,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let (ns, key, status) = (namespace.as_str(), key.as_str(), expected_status.as_str());
-        let args = args![ns, key, status, expected_attempt, lease, lease_id];
-        self.one("claim", &self.statements.claim, args).await
+    async fn claim(&self, claim: &Claim) -> Result<Option<OperationRecord>, StoreError> {
+        let (ns, key) = (claim.namespace.as_str(), claim.operation_key.as_str());
+        let (status, attempt) = (claim.expected_status.as_str(), claim.expected_attempt);
+        let args = args![ns, key, status, attempt, claim.lease, claim.lease_id];
+        self.one(&self.statements.claim, args).await
     }
 
     async fn settle(
-        &self,
-        token: &LeaseToken,
-        settlement: &Settlement,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        let (variant, args) = report_args(token, settlement);
-        self.one("settle", &self.statements.settle[variant], args)
-            .await
-    }
-
-    async fn settle_with_previous(
         &self,
         token: &LeaseToken,
         settlement: &Settlement,
@@ -704,8 +709,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
                 previous: before.status,
             }))
         };
-        self.call("settle_with_previous", "UPDATE", OPERATIONS, settle)
-            .await
+        self.run(&self.statements.settle[variant], settle).await
     }
 
     async fn renew(
@@ -715,7 +719,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
     ) -> Result<Option<OperationRecord>, StoreError> {
         let (ns, key) = (token.namespace.as_str(), token.operation_key.as_str());
         let args = args![ns, key, token.attempt, token.lease_id, lease];
-        self.one("renew", &self.statements.renew, args).await
+        self.one(&self.statements.renew, args).await
     }
 
     async fn list(&self, query: &ListQuery) -> Result<Vec<OperationRecord>, StoreError> {
@@ -732,13 +736,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
             key,
             query.limit
         ];
-        self.call(
-            "list",
-            "SELECT",
-            OPERATIONS,
-            self.records(&self.statements.list, args),
-        )
-        .await
+        self.many(&self.statements.list, args).await
     }
 
     async fn resolve(
@@ -746,7 +744,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         expected: &OperationRecord,
         resolution: &Resolution,
         attribution: &Attribution,
-        lookup_made: bool,
+        lookup: Lookup,
     ) -> Result<Option<OperationRecord>, StoreError> {
         let (ns, key) = (expected.namespace.as_str(), expected.operation_key.as_str());
         let reason = attribution.reason.as_deref().map(|r| first(r, 500));
@@ -755,7 +753,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
             key,
             expected.status.as_str(),
             expected.attempt_count,
-            i32::from(lookup_made),
+            i32::from(lookup == Lookup::Made),
             attribution.kind.as_str(),
             first(&attribution.actor, 200),
             reason,
@@ -771,47 +769,34 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
             Resolution::Escalate { reason } => (4, args![reason.as_str()]),
         };
         args.extend(values);
-        self.one("resolve", &self.statements.resolve[variant], args)
-            .await
+        self.one(&self.statements.resolve[variant], args).await
     }
 
     async fn sweep_expired_leases(&self, limit: i64, worker: &str) -> Result<u64, StoreError> {
         let statement = &self.statements.sweep;
         let args = self.args(statement, args![limit, first(worker, 200)]);
         let sweep = D::execute(&self.pool, &statement.sql, args);
-        self.call("sweep_expired_leases", "UPDATE", OPERATIONS, sweep)
-            .await
+        self.run(statement, sweep).await
     }
 
-    async fn list_review(
-        &self,
-        namespace: &Namespace,
-        after: Option<(DateTime<Utc>, String)>,
-        limit: i64,
-    ) -> Result<Vec<OperationRecord>, StoreError> {
+    async fn list_review(&self, query: &ReviewQuery) -> Result<Vec<OperationRecord>, StoreError> {
         // No position: before the beginning of time.
-        let (at, key) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, String::new()));
-        let args = args![namespace.as_str(), D::time_text(at), key, limit];
-        let list = self.records(&self.statements.list_review, args);
-        self.call("list_review", "SELECT", OPERATIONS, list).await
+        let start = (DateTime::<Utc>::UNIX_EPOCH, String::new());
+        let (at, key) = query.after.clone().unwrap_or(start);
+        let args = args![query.namespace.as_str(), D::time_text(at), key, query.limit];
+        self.many(&self.statements.list_review, args).await
     }
 
-    async fn history(
-        &self,
-        namespace: &Namespace,
-        key: &OperationKey,
-        after_event_id: i64,
-        limit: i64,
-    ) -> Result<Vec<OperationEvent>, StoreError> {
-        let args = args![namespace.as_str(), key.as_str(), after_event_id, limit];
+    async fn history(&self, query: &HistoryQuery) -> Result<Vec<OperationEvent>, StoreError> {
+        let (ns, key) = (query.namespace.as_str(), query.operation_key.as_str());
+        let args = args![ns, key, query.after_event_id, query.limit];
         let history = async {
             let rows = self
                 .rows::<EventRow>(&self.statements.history, args)
                 .await?;
             rows.into_iter().map(OperationEvent::try_from).collect()
         };
-        self.call("history", "SELECT", "operation_events", history)
-            .await
+        self.run(&self.statements.history, history).await
     }
 
     async fn claim_due(
@@ -819,8 +804,8 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         limit: i64,
         hold: Duration,
     ) -> Result<Vec<OperationRecord>, StoreError> {
-        let claim = self.records(&self.statements.claim_due, args![limit, hold]);
-        self.call("claim_due", "UPDATE", OPERATIONS, claim).await
+        self.many(&self.statements.claim_due, args![limit, hold])
+            .await
     }
 
     async fn claim_for_reconcile(
@@ -830,32 +815,16 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         hold: Duration,
     ) -> Result<Option<OperationRecord>, StoreError> {
         let args = args![namespace.as_str(), key.as_str(), hold];
-        self.one(
-            "claim_for_reconcile",
-            &self.statements.claim_for_reconcile,
-            args,
-        )
-        .await
+        self.one(&self.statements.claim_for_reconcile, args).await
     }
 
-    async fn find_same_request(
-        &self,
-        namespace: &Namespace,
-        action_type: &ActionType,
-        request_hash: &RequestHash,
-        other_than: &OperationKey,
-        window: Duration,
-    ) -> Result<Option<String>, StoreError> {
-        let (ns, action, hash) = (
-            namespace.as_str(),
-            action_type.as_str(),
-            request_hash.to_hex(),
-        );
-        let args = args![ns, action, hash, other_than.as_str(), window];
+    async fn find_same_request(&self, query: &SameRequest) -> Result<Option<String>, StoreError> {
+        let (ns, action) = (query.namespace.as_str(), query.action_type.as_str());
+        let (hash, other_than) = (query.request_hash.to_hex(), query.other_than.as_str());
+        let args = args![ns, action, hash, other_than, query.window];
         let find = self.row::<KeyRow>(&self.statements.find_same_request, args);
         let find = async { Ok(find.await?.map(|row| row.operation_key)) };
-        self.call("find_same_request", "SELECT", OPERATIONS, find)
-            .await
+        self.run(&self.statements.find_same_request, find).await
     }
 }
 
@@ -880,8 +849,7 @@ impl<D: Dialect> JournalMaintenance for SqlStore<D> {
                 (row.unknown, row.oldest_unknown_seconds, row.review_queue);
             Ok(BacklogStats::from_columns(unknown, oldest, review))
         };
-        self.call("backlog_stats", "SELECT", OPERATIONS, stats)
-            .await
+        self.run(&self.statements.backlog_stats, stats).await
     }
 
     async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError> {

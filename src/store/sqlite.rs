@@ -23,129 +23,32 @@
 //!   come from triggers, as on Postgres (`migrations/sqlite/`).
 //! - Connections use WAL (readers never block the writer), `synchronous = FULL` (a commit is
 //!   on disk before the answer leaves: an acknowledged Begin or report survives a power
-//!   loss), foreign keys on, and a busy timeout of [`BUSY_TIMEOUT`]: a statement waits that
+//!   loss), foreign keys on, and a busy timeout (`app::database::BUSY_TIMEOUT`): a statement waits that
 //!   long for the write lock, then fails as unavailable (`STORE_UNAVAILABLE`, retryable).
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
-use sqlx::{ConnectOptions as _, Connection as _};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 
+use super::StoreError;
 use super::sql::{
     Arg, CountRow, Decoded, Dialect, SqlStore, Statement, arguments, classify_by, run_on,
 };
-use super::{Backend, StoreError};
 
 /// The migrations of this backend (`migrations/sqlite/`), embedded in the binary. The
 /// Postgres migrator reads only the files directly in `migrations/`, never this directory.
 pub static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
-/// How long a statement waits for another writer (another statement of this process, or
-/// another process on the same file) before it fails as unavailable.
-pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long `prepare` keeps retrying while another process is preparing the same file.
-const PREPARE_PATIENCE: Duration = Duration::from_secs(30);
-
-/// A time bound into a statement, in the stored form (see [`NOW`]).
-fn stored_time(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
 /// The SQLite dialect of the one SQL store, with the file it opens.
 #[derive(Debug, Clone)]
 pub struct Lite {
-    file: PathBuf,
-    options: SqliteConnectOptions,
+    pub(crate) file: PathBuf,
+    pub(crate) options: SqliteConnectOptions,
 }
 
 /// The journal in one SQLite file.
 pub type SqliteStore = SqlStore<Lite>;
-
-impl SqliteStore {
-    /// Creates a lazily connecting pool of at most `max_connections` on the file `options`
-    /// name (checked by `app::database::sqlite`), with WAL, `synchronous = FULL`, foreign keys
-    /// and [`BUSY_TIMEOUT`]. Nothing is created or opened yet: [`prepare`](Self::prepare)
-    /// creates the file and its schema; other commands expect it to exist.
-    pub fn connect_lazy(options: SqliteConnectOptions, max_connections: u32) -> Self {
-        let file = options.get_filename().to_path_buf();
-        let options = options
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .foreign_keys(true)
-            .busy_timeout(BUSY_TIMEOUT);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(3))
-            .connect_lazy_with(options.clone());
-        Self::from_parts(pool, Lite { file, options })
-    }
-
-    /// The journal file.
-    pub fn file(&self) -> &Path {
-        &self.extra.file
-    }
-
-    /// Creates the file's directory and the file if missing, switches it to WAL, and applies
-    /// pending migrations. Safe to run from several processes at once: the migrations run in
-    /// one `BEGIN IMMEDIATE` transaction, so a second process waits, then finds them applied.
-    ///
-    /// Errors: the directory or file cannot be created (`Unavailable`), a migration fails or
-    /// the file holds migrations this binary does not know (`Other`).
-    pub async fn prepare(&self) -> Result<(), StoreError> {
-        if let Some(dir) = self
-            .extra
-            .file
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-        {
-            std::fs::create_dir_all(dir).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
-        }
-        let deadline = tokio::time::Instant::now() + PREPARE_PATIENCE;
-        loop {
-            match self.migrate_once().await {
-                // Switching a new file to WAL takes an exclusive lock that the busy timeout
-                // does not wait for: another process preparing the same file makes it fail
-                // for a moment.
-                Err(error) if is_busy(&error) && tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// Applies pending migrations once, creating the file (not its directory) if missing;
-    /// [`prepare`](Self::prepare) also creates the directory and waits out another process
-    /// switching a new file to WAL.
-    ///
-    /// Errors: as `prepare`.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.migrate_once().await
-    }
-
-    async fn migrate_once(&self) -> Result<(), StoreError> {
-        let mut conn = self
-            .extra
-            .options
-            .clone()
-            .create_if_missing(true)
-            .connect()
-            .await
-            .map_err(classify)?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(classify)?;
-        SQLITE_MIGRATOR.run(&mut *tx).await.map_err(|e| match e {
-            sqlx::migrate::MigrateError::Execute(e) => classify(e),
-            other => StoreError::Other(Box::new(other)),
-        })?;
-        tx.commit().await.map_err(classify)?;
-        conn.close().await.map_err(classify)
-    }
-}
 
 /// Splits sqlx errors into "unavailable" (retry later, nothing changed) and the rest.
 pub(crate) fn classify(error: sqlx::Error) -> StoreError {
@@ -157,26 +60,12 @@ pub(crate) fn classify(error: sqlx::Error) -> StoreError {
     })
 }
 
-/// Whether `error` is SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock.
-fn is_busy(error: &StoreError) -> bool {
-    let StoreError::Unavailable(source) = error else {
-        return false;
-    };
-    match source.downcast_ref::<sqlx::Error>() {
-        Some(sqlx::Error::Database(db)) => db
-            .code()
-            .and_then(|code| code.parse::<i32>().ok())
-            .is_some_and(|code| matches!(code & 0xff, 5 | 6)),
-        _ => false,
-    }
-}
-
 /// The database clock as stored: UTC, milliseconds, fixed width.
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', coalesce($1, 'now')";
 
 impl Dialect for Lite {
     type Pool = SqlitePool;
-    const BACKEND: Backend = Backend::Sqlite;
+    const SYSTEM: &'static str = "sqlite";
     const REGISTER: Option<&'static str> = None;
     const SETTLE_WITH_PREVIOUS: Option<&'static str> = None;
     const SWEEP: &'static str = include_str!("sql/sqlite/sweep.sql");
@@ -198,8 +87,9 @@ impl Dialect for Lite {
         }
     }
 
+    /// A time bound into a statement, in the stored form (see [`NOW`]).
     fn time_text(at: DateTime<Utc>) -> String {
-        stored_time(at)
+        at.to_rfc3339_opts(SecondsFormat::Millis, true)
     }
 
     run_on!(SqlitePool, sqlx::Sqlite);
@@ -207,7 +97,11 @@ impl Dialect for Lite {
     /// SQLite has no data-modifying CTE: the batch, its history and the operations go in one
     /// short write transaction, taken up front so the batch cannot change under it.
     async fn purge(store: &SqliteStore, limit: i64) -> Result<u64, StoreError> {
-        let select = Statement::new::<Lite>(include_str!("sql/sqlite/purge_select.sql"));
+        let select = Statement::new::<Lite>(
+            "purge",
+            "DELETE",
+            include_str!("sql/sqlite/purge_select.sql"),
+        );
         let args = arguments::<sqlx::Sqlite>(store.args(&select, vec![Arg::Int(limit)]))?;
         let mut tx = store
             .pool
@@ -250,6 +144,6 @@ mod tests {
         let at = DateTime::parse_from_rfc3339("2026-11-30T12:00:00.123456+03:00")
             .unwrap()
             .with_timezone(&Utc);
-        assert_eq!(stored_time(at), "2026-11-30T09:00:00.123Z");
+        assert_eq!(Lite::time_text(at), "2026-11-30T09:00:00.123Z");
     }
 }
