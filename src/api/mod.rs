@@ -40,6 +40,10 @@ pub const LIVENESS: &str = "liveness";
 pub const READINESS: &str = "readiness";
 pub use crate::proto::SERVICES;
 
+/// Longest wait for the health-only listener's open calls once the journal's listener has
+/// drained.
+const HEALTH_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Largest request message the server decodes by default, in bytes (1 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
@@ -192,12 +196,14 @@ pub async fn serve_with_health(
         }
     };
     readiness.abort();
-    if let Some((stop, server)) = health_only {
+    if let Some((stop, mut server)) = health_only {
         stop.cancel();
-        match server.await {
+        // A client watching health would hold a graceful stop open for ever.
+        match tokio::time::timeout(HEALTH_STOP_TIMEOUT, &mut server).await {
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "the health listener failed"),
             Ok(Err(error)) => tracing::warn!(%error, "the health listener failed"),
-            Err(error) => tracing::warn!(%error, "the health listener failed"),
-            Ok(Ok(())) => {}
+            Ok(Ok(Ok(()))) => {}
+            Err(_) => server.abort(),
         }
     }
     result?;
