@@ -135,18 +135,22 @@ pub fn components_with_telemetry(
     }
 }
 
-/// The server's settings from the configuration: lifecycle, bearer tokens, TLS files (read
-/// and checked now) and the message size limit; RPC metrics go to `metrics`.
+/// The server's settings from the configuration: lifecycle, bearer tokens (with those of
+/// `tokens_file`), TLS files (read and checked now, and again every `tls_reload_seconds`
+/// while serving) and the message size limit; RPC metrics go to `metrics`.
 ///
 /// Errors: invalid tokens, or an unusable certificate file (naming the setting).
 pub fn serve_options(config: &Config, metrics: &Metrics) -> Result<ServeOptions, StartError> {
     let registry = config.token_registry()?;
     let tls = match (&config.tls_cert_file, &config.tls_key_file) {
-        (Some(cert_file), Some(key_file)) => Some(tls::server_config(&ServerTlsFiles {
-            cert_file: cert_file.clone(),
-            key_file: key_file.clone(),
-            client_ca_file: config.tls_client_ca_file.clone(),
-        })?),
+        (Some(cert_file), Some(key_file)) => Some(
+            tls::server_config(&ServerTlsFiles {
+                cert_file: cert_file.clone(),
+                key_file: key_file.clone(),
+                client_ca_file: config.tls_client_ca_file.clone(),
+            })?
+            .reload_every(Config::seconds(config.tls_reload_seconds)),
+        ),
         _ => None,
     };
     Ok(ServeOptions {
@@ -162,14 +166,15 @@ pub fn serve_options(config: &Config, metrics: &Metrics) -> Result<ServeOptions,
 /// Logs how the server is secured; warns when no token is configured and the address is
 /// reachable from other hosts.
 pub fn log_security(config: &Config, options: &ServeOptions) {
-    let tls = match (&options.tls, &config.tls_client_ca_file) {
-        (None, _) => "off",
-        (Some(_), None) => "on",
-        (Some(_), Some(_)) => "mutual",
+    let tls = match &options.tls {
+        None => "off",
+        Some(tls) if tls.is_mutual() => "mutual",
+        Some(_) => "on",
     };
     if options.auth.is_enabled() {
         tracing::info!(
-            tokens = config.tokens.len(),
+            tokens = options.auth.tokens(),
+            tokens_file = config.tokens_file.is_some(),
             tls,
             "bearer-token authentication on"
         );

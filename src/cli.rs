@@ -44,6 +44,11 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<SocketAddr>,
+    /// A second, plaintext address serving only gRPC health, for probes that cannot speak
+    /// TLS (default: none, health is served on the gRPC address only).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_listen: Option<SocketAddr>,
     /// Create the database if missing and apply migrations before serving (Postgres; the
     /// embedded SQLite journal is always prepared at start).
     #[arg(long)]

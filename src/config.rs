@@ -16,6 +16,8 @@ use crate::domain::derived_key::MIN_SECRET_BYTES;
 use crate::domain::model::Namespace;
 use crate::journal::RequestLimits;
 
+mod tokens_file;
+
 /// Settings of the server and of the reconcile worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
@@ -63,14 +65,25 @@ pub struct Config {
     pub purge_interval_seconds: f64,
     /// Operations deleted per purge statement.
     pub purge_batch_size: i64,
-    /// Bearer tokens, known by their SHA-256 only; none means authentication is off.
+    /// Bearer tokens, known by their SHA-256 only; none (here and in `tokens_file`) means
+    /// authentication is off.
     pub tokens: Vec<TokenSettings>,
+    /// A TOML file holding more `[[tokens]]` entries (`OPJOURNAL_TOKENS_FILE`), e.g. mounted
+    /// from a Kubernetes Secret; read at start, added to `tokens`, and never logged.
+    pub tokens_file: Option<PathBuf>,
     /// The server's certificate chain, PEM; with `tls_key_file` it turns TLS on.
     pub tls_cert_file: Option<PathBuf>,
     /// The server's private key, PEM.
     pub tls_key_file: Option<PathBuf>,
     /// CAs for client certificates, PEM; set, it requires mutual TLS.
     pub tls_client_ca_file: Option<PathBuf>,
+    /// Seconds between reads of the TLS files: changed files (a renewed certificate) are
+    /// used for new connections without a restart.
+    pub tls_reload_seconds: f64,
+    /// Server: a second, plaintext address serving only gRPC health (`OPJOURNAL_HEALTH_LISTEN`),
+    /// for probes that cannot speak TLS (Kubernetes' native `grpc` probes); unset, health is
+    /// served on `listen` only.
+    pub health_listen: Option<SocketAddr>,
     /// Largest request message the server decodes, in bytes.
     pub max_message_bytes: usize,
     /// Largest `payload_json`, in bytes.
@@ -221,9 +234,12 @@ impl Default for Config {
             purge_interval_seconds: 300.0,
             purge_batch_size: 1000,
             tokens: Vec::new(),
+            tokens_file: None,
             tls_cert_file: None,
             tls_key_file: None,
             tls_client_ca_file: None,
+            tls_reload_seconds: 60.0,
+            health_listen: None,
             max_message_bytes: crate::api::DEFAULT_MAX_MESSAGE_BYTES,
             max_payload_bytes: limits.max_payload_bytes,
             max_result_bytes: limits.max_result_bytes,
@@ -317,6 +333,7 @@ impl Config {
         )?;
         positive("purge_interval_seconds", self.purge_interval_seconds)?;
         positive("backlog_sample_seconds", self.backlog_sample_seconds)?;
+        positive("tls_reload_seconds", self.tls_reload_seconds)?;
         if self.purge_batch_size < 1 {
             return Err(ConfigError("purge_batch_size: must be at least 1".into()));
         }
@@ -396,22 +413,27 @@ impl Config {
         }
     }
 
-    /// The configured tokens; empty when authentication is off.
+    /// The configured tokens, `tokens` then those of `tokens_file`; empty when
+    /// authentication is off.
     ///
-    /// Errors: an invalid entry (named by its position and field) or two entries with one
-    /// digest or name.
+    /// Errors: an unreadable or invalid `tokens_file`, or one without entries; an invalid
+    /// entry (named by its position and field, and its file); two entries with one digest or
+    /// name. No message quotes a digest or the file's content.
     pub fn token_registry(&self) -> Result<TokenRegistry, ConfigError> {
-        let entries = self
-            .tokens
-            .iter()
-            .enumerate()
-            .map(|(i, token)| {
-                token
-                    .principal()
-                    .map_err(|e| ConfigError(format!("tokens[{i}].{e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        TokenRegistry::new(entries).map_err(|e| ConfigError(format!("tokens: {e}")))
+        let mut entries = principals(&self.tokens, |e| format!("tokens{e}"))?;
+        if let Some(path) = &self.tokens_file {
+            let tokens =
+                tokens_file::read(path).map_err(|e| ConfigError(format!("tokens_file: {e}")))?;
+            let at = path.display();
+            entries.extend(principals(&tokens, |e| {
+                format!("tokens_file: {at}: tokens{e}")
+            })?);
+        }
+        let settings = match self.tokens_file {
+            Some(_) => "tokens and tokens_file",
+            None => "tokens",
+        };
+        TokenRegistry::new(entries).map_err(|e| ConfigError(format!("{settings}: {e}")))
     }
 
     /// The request limits of the journal and the review path.
@@ -429,6 +451,23 @@ impl Config {
     pub fn seconds(value: f64) -> Duration {
         Duration::from_secs_f64(value.max(0.0))
     }
+}
+
+/// The principals of `tokens`; an invalid entry's error is `[i].field: reason`, put in
+/// context by `describe`.
+fn principals(
+    tokens: &[TokenSettings],
+    describe: impl Fn(String) -> String,
+) -> Result<Vec<(TokenDigest, Principal)>, ConfigError> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, token)| {
+            token
+                .principal()
+                .map_err(|e| ConfigError(describe(format!("[{i}].{e}"))))
+        })
+        .collect()
 }
 
 /// Why a `sqlite:` URL cannot hold the journal.

@@ -554,3 +554,106 @@ fn token_entries_are_validated_naming_the_entry_and_field() {
         "no tokens: authentication off"
     );
 }
+
+/// Loads `toml` with `tokens_file` naming a file that holds `tokens`; the file lives as long
+/// as the returned directory.
+fn load_with_tokens_file(
+    toml: &str,
+    tokens: &str,
+) -> (Result<Config, String>, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens.toml");
+    std::fs::write(&file, tokens).unwrap();
+    let path = file.display().to_string();
+    let config = load(&format!("tokens_file = \"{path}\"\n{toml}"));
+    (config, path, dir)
+}
+
+#[test]
+fn a_tokens_file_adds_its_entries_and_its_errors_name_the_setting_never_the_content() {
+    let client = r#"["client"]"#;
+    let in_file = entry(
+        "reviewer-a",
+        &sha256(TOKEN_REVIEWER_A),
+        r#"["tenant-a"]"#,
+        r#"["reviewer"]"#,
+    ) + &entry(
+        "orchestrator-b",
+        &sha256(TOKEN_B),
+        r#"["tenant-b"]"#,
+        client,
+    );
+
+    // Alone, and beside the main file's own tokens.
+    let (config, _, _dir) = load_with_tokens_file("", &in_file);
+    let registry = config.unwrap().token_registry().unwrap();
+    assert_eq!(registry.len(), 2);
+    let principal = registry.authenticate(TOKEN_REVIEWER_A).unwrap();
+    assert_eq!(principal.name, "reviewer-a");
+    assert!(registry.authenticate(TOKEN_A).is_none());
+    let inline = entry(
+        "orchestrator-a",
+        &sha256(TOKEN_A),
+        r#"["tenant-a"]"#,
+        client,
+    );
+    let (config, _, _dir) = load_with_tokens_file(&inline, &in_file);
+    let registry = config.unwrap().token_registry().unwrap();
+    assert_eq!(registry.len(), 3);
+    assert_eq!(
+        registry.authenticate(TOKEN_A).unwrap().name,
+        "orchestrator-a"
+    );
+    assert_eq!(
+        registry.authenticate(TOKEN_B).unwrap().name,
+        "orchestrator-b"
+    );
+
+    let digest = sha256(TOKEN_A);
+    let cases = [
+        // Not TOML (an unterminated string on the digest's line).
+        (
+            format!("[[tokens]]\nname = \"a\"\nsha256 = \"{digest}\n"),
+            "line 3: not valid TOML",
+        ),
+        // Anything but [[tokens]].
+        (format!("listen = \"{digest}\"\n"), "unknown field"),
+        // A value of the wrong type, holding the digest.
+        (
+            entry("a", &digest, &format!("\"{digest}\""), client),
+            "tokens[0].namespaces: invalid type",
+        ),
+        (
+            entry("a", &digest, r#"["x"]"#, &format!("[\"{digest}\"]")),
+            "tokens[0].roles",
+        ),
+        (entry("a", "abc", r#"["x"]"#, client), "tokens[0].sha256"),
+        (entry("a", &digest, "[]", client), "tokens[0].namespaces"),
+        (String::new(), "holds no [[tokens]] entry"),
+        (in_file.clone() + &in_file, "have the same sha256"),
+    ];
+    for (tokens, expected) in cases {
+        let (config, path, _dir) = load_with_tokens_file("", &tokens);
+        let error = config.unwrap_err();
+        assert!(error.contains("tokens_file: "), "{expected}: {error}");
+        if !expected.contains("same sha256") {
+            assert!(error.contains(&path), "{expected}: {error}");
+        }
+        assert!(error.contains(expected), "{expected}: {error}");
+        assert!(!error.contains(&digest), "the digest is quoted: {error}");
+    }
+    // A file in the main file and in the tokens file with one digest.
+    let (config, _, _dir) = load_with_tokens_file(
+        &entry("dup", &sha256(TOKEN_B), r#"["x"]"#, client),
+        &in_file,
+    );
+    assert!(config.unwrap_err().contains("have the same sha256"));
+    // A file that is not there, and an empty setting.
+    let error = load("tokens_file = \"/nonexistent/tokens.toml\"\n").unwrap_err();
+    assert!(
+        error.contains("tokens_file: /nonexistent/tokens.toml: "),
+        "{error}"
+    );
+    let error = load("tokens_file = \"\"\n").unwrap_err();
+    assert!(error.contains("tokens_file: must name a file"), "{error}");
+}

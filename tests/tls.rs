@@ -30,12 +30,14 @@ use tonic::transport::{Channel, ClientTlsConfig};
 /// trust.
 struct Pki {
     dir: TempDir,
+    /// The CA of `ca.pem`, for certificates made later (a renewal).
+    issuer: Option<Issuer<'static, KeyPair>>,
 }
 
 impl Pki {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let pki = Self { dir };
+        let mut pki = Self { dir, issuer: None };
         let ca = pki.ca("opjournal test CA", "ca");
         pki.leaf(
             &ca,
@@ -51,7 +53,18 @@ impl Pki {
             &[],
             ExtendedKeyUsagePurpose::ClientAuth,
         );
+        pki.issuer = Some(ca);
         pki
+    }
+
+    /// A new server certificate and key from the same CA, as a renewal makes them.
+    fn renew_server(&self, file: &str) {
+        self.leaf(
+            self.issuer.as_ref().unwrap(),
+            file,
+            &["localhost", "127.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -381,4 +394,248 @@ async fn the_operator_console_reaches_the_server_binary_over_mutual_tls_with_a_t
     let log = log.await.unwrap();
     assert!(log.contains("bearer-token authentication on"), "{log}");
     assert!(!log.contains(OPERATOR_TOKEN), "the token was logged");
+}
+
+/// The first certificate of a PEM file, DER.
+fn first_certificate(path: &Path) -> Vec<u8> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    CertificateDer::pem_file_iter(path)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .to_vec()
+}
+
+/// The certificate the server at `addr` presents to a new connection (trusting `ca.pem`).
+async fn served_certificate(pki: &Pki, addr: std::net::SocketAddr) -> Vec<u8> {
+    use rustls::pki_types::ServerName;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(first_certificate(&pki.path("ca.pem")).into())
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let (_, session) = stream.get_ref();
+    assert_eq!(session.alpn_protocol(), Some(&b"h2"[..]));
+    session.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_renewed_certificate_is_served_without_a_restart(pool: PgPool) {
+    let pki = Pki::new();
+    let server_tls = tls::server_config(&pki.server_files(false))
+        .unwrap()
+        .reload_every(Duration::from_millis(100));
+    let handle = server_tls.clone();
+    let app = TestApp::spawn_with_options(
+        pool,
+        SpawnOptions {
+            tls: Some(server_tls),
+            client_tls: Some(pki.client("ca", None)),
+            ..SpawnOptions::default()
+        },
+    )
+    .await;
+    let url = format!("https://{}", app.addr);
+    let first = first_certificate(&pki.path("server.pem"));
+    assert_eq!(served_certificate(&pki, app.addr).await, first);
+    call(url.clone(), Some(pki.client("ca", None)))
+        .await
+        .unwrap();
+
+    // Half a renewal (the new certificate beside the old key) is refused by name, and the
+    // server keeps presenting the certificate it has.
+    pki.renew_server("renewed");
+    let renewed = first_certificate(&pki.path("renewed.pem"));
+    assert_ne!(renewed, first);
+    std::fs::copy(pki.path("renewed.pem"), pki.path("server.pem")).unwrap();
+    let error = handle.reload().unwrap_err().to_string();
+    assert!(error.starts_with("tls_key_file:"), "{error}");
+    assert_eq!(served_certificate(&pki, app.addr).await, first);
+
+    // The whole renewal: new connections get the new certificate, with no restart.
+    std::fs::copy(pki.path("renewed-key.pem"), pki.path("server-key.pem")).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while served_certificate(&pki, app.addr).await != renewed {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the renewed certificate was never served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!handle.reload().unwrap(), "nothing changed since");
+    call(url, Some(pki.client("ca", None))).await.unwrap();
+    // The connection made before the renewal still works.
+    let status = app
+        .journal
+        .clone()
+        .get_operation(GetOperationRequest {
+            namespace: String::new(),
+            operation_key: "anything".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound);
+}
+
+const CLIENT_TOKEN: &str = "tok-client.4e8b2a61d07c9f35";
+const REVIEWER_TOKEN: &str = "tok-reviewer.b19f7c3e0a6d5284";
+
+/// The server binary as the prod overlay runs it: settings from the environment, TLS from
+/// mounted files, tokens from a tokens file, health in plaintext on a port of its own.
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_server_binary_serves_tls_tokens_from_a_file_and_plaintext_health(pool: PgPool) {
+    use opjournal::api::auth::BearerToken;
+    use opjournal::proto::ListOperationsForReviewRequest;
+    use opjournal::proto::reconciler_client::ReconcilerClient;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+    let pki = Pki::new();
+    let app = TestApp::spawn(pool).await;
+    let digest = |token: &str| hex::encode(sha2::Sha256::digest(token.as_bytes()));
+    let tokens_file = pki.path("tokens.toml");
+    std::fs::write(
+        &tokens_file,
+        format!(
+            "[[tokens]]\nname = \"orchestrator\"\nsha256 = \"{}\"\nnamespaces = [\"tenant-a\"]\n\
+             roles = [\"client\"]\n\n[[tokens]]\nname = \"reviewer\"\nsha256 = \"{}\"\n\
+             namespaces = [\"tenant-a\"]\nroles = [\"reviewer\"]\n",
+            digest(CLIENT_TOKEN),
+            digest(REVIEWER_TOKEN),
+        ),
+    )
+    .unwrap();
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+        .arg("serve")
+        .env_clear()
+        .env("OPJOURNAL_LISTEN", "127.0.0.1:0")
+        .env("OPJOURNAL_METRICS_LISTEN", "127.0.0.1:0")
+        .env("OPJOURNAL_HEALTH_LISTEN", "127.0.0.1:0")
+        .env("OPJOURNAL_DATABASE_URL", app.database_url())
+        .env("OPJOURNAL_TLS_CERT_FILE", pki.path("server.pem"))
+        .env("OPJOURNAL_TLS_KEY_FILE", pki.path("server-key.pem"))
+        .env("OPJOURNAL_TOKENS_FILE", &tokens_file)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr_pipe = server.stderr.take().unwrap();
+    let log = tokio::spawn(async move {
+        let mut log = String::new();
+        stderr_pipe.read_to_string(&mut log).await.unwrap();
+        log
+    });
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let (mut grpc, mut health) = (None, None);
+    while grpc.is_none() || health.is_none() {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the server announced its addresses")
+            .unwrap()
+            .expect("the server exited before announcing its addresses");
+        let address = line.rsplit(' ').next().unwrap().to_owned();
+        if line.starts_with("opjournal listening on") {
+            grpc = Some(address);
+        } else if line.starts_with("opjournal health on") {
+            health = Some(address);
+        }
+    }
+    let (grpc, health) = (grpc.unwrap(), health.unwrap());
+
+    // Health in plaintext on its own port, following the database like the main port's.
+    let channel = Channel::from_shared(format!("http://{health}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let check = |service: &str| {
+        let mut client = HealthClient::new(channel.clone());
+        let request = HealthCheckRequest {
+            service: service.into(),
+        };
+        async move { client.check(request).await.unwrap().into_inner().status }
+    };
+    assert_eq!(check("liveness").await, ServingStatus::Serving as i32);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while check("readiness").await != ServingStatus::Serving as i32 {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The health port serves nothing else.
+    let status = OperationJournalClient::new(channel)
+        .get_operation(GetOperationRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+    // The gRPC port speaks TLS only.
+    let refused = call(format!("http://{grpc}"), None).await;
+    assert!(refused.is_err(), "{refused:?}");
+
+    let tls_channel = Channel::from_shared(format!("https://{grpc}"))
+        .unwrap()
+        .tls_config(pki.client("ca", None))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let review = |token: Option<&str>| {
+        let request = ListOperationsForReviewRequest {
+            namespace: "tenant-a".into(),
+            ..Default::default()
+        };
+        let channel = tls_channel.clone();
+        let token = token.map(|t| BearerToken::new(t).unwrap());
+        async move {
+            match token {
+                Some(token) => ReconcilerClient::with_interceptor(channel, token)
+                    .list_operations_for_review(request)
+                    .await
+                    .map(|_| ()),
+                None => ReconcilerClient::new(channel)
+                    .list_operations_for_review(request)
+                    .await
+                    .map(|_| ()),
+            }
+        }
+    };
+    // Tokens from the file: the reviewer reviews; the client's token may not, and no token
+    // gets nowhere.
+    review(Some(REVIEWER_TOKEN)).await.unwrap();
+    let status = review(Some(CLIENT_TOKEN)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    assert_eq!(reason(&status), "ROLE_NOT_ALLOWED");
+    let status = review(None).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    assert_eq!(reason(&status), "MISSING_CREDENTIALS");
+
+    server.start_kill().unwrap();
+    server.wait().await.unwrap();
+    let log = log.await.unwrap();
+    assert!(log.contains("bearer-token authentication on"), "{log}");
+    for secret in [
+        CLIENT_TOKEN.to_owned(),
+        REVIEWER_TOKEN.to_owned(),
+        digest(CLIENT_TOKEN),
+        digest(REVIEWER_TOKEN),
+    ] {
+        assert!(
+            !log.contains(&secret),
+            "the log shows the tokens file's content"
+        );
+    }
 }

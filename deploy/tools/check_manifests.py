@@ -1,7 +1,8 @@
 """Checks what schemas cannot see in a rendered overlay: selectors that select, probes on the
 right port and health entry, a grace period that covers the drain, the metrics port and its
-scrape annotations, the security context, the image's binaries, and Secrets referenced, never
-written.
+scrape annotations, the security context, the image's binaries, Secrets referenced, never
+written, and who may reach the server (check_security.py: authentication, TLS,
+NetworkPolicies).
 
     python check_manifests.py OVERLAY_NAME RENDERED.yaml [--dockerfile Dockerfile]
                               [--policy-bin OPJOURNAL_BINARY]
@@ -19,6 +20,8 @@ import sys
 import tempfile
 
 import yaml
+
+from check_security import check_security, health_port
 
 # The binaries the Dockerfile puts into the image (there is no shell); --dockerfile reads them
 # from the Dockerfile's `cp target/release/...` line instead.
@@ -165,9 +168,18 @@ def check_server(where: str, pod: dict) -> None:
         problem(where, f"OPJOURNAL_LISTEN must listen on every address, not {listen!r}")
     if port_of(listen) != ports.get("grpc"):
         problem(where, f"the container port named grpc ({ports.get('grpc')}) is not {listen}")
-    grpc_probe(where, c, "startupProbe", port_of(listen), "liveness")
-    grpc_probe(where, c, "livenessProbe", port_of(listen), "liveness")
-    grpc_probe(where, c, "readinessProbe", port_of(listen), "readiness")
+    health = env_value(c, "OPJOURNAL_HEALTH_LISTEN")
+    if health is not None:
+        if not health.startswith("0.0.0.0:"):
+            problem(where, f"OPJOURNAL_HEALTH_LISTEN must listen on every address (the kubelet "
+                    f"probes the pod's IP), not {health!r}")
+        if port_of(health) != ports.get("health"):
+            problem(where, f"the container port named health ({ports.get('health')}) is not "
+                    f"{health}")
+    # With a health listener, the probes use it (the gRPC port may speak TLS).
+    for probe, service in (("startupProbe", "liveness"), ("livenessProbe", "liveness"),
+                           ("readinessProbe", "readiness")):
+        grpc_probe(where, c, probe, health_port(c), service)
     pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
     drain_delay = float(env_value(c, "OPJOURNAL_DRAIN_DELAY_SECONDS") or 0)
     grace = pod.get("terminationGracePeriodSeconds", 30)
@@ -213,28 +225,9 @@ def check_policies(configmaps: dict, binary: str) -> None:
                 print(f"  policy {key} of ConfigMap/{cm_name}: accepted by {binary} check-config")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("overlay")
-    parser.add_argument("rendered")
-    parser.add_argument("--policy-bin")
-    parser.add_argument("--dockerfile")
-    args = parser.parse_args()
-
-    if args.dockerfile:
-        with open(args.dockerfile) as f:
-            built = set(re.findall(r"target/release/([A-Za-z0-9_-]+)", f.read()))
-        if not built:
-            print(f"{args.dockerfile}: copies no binary out of target/release")
-            return 1
-        IMAGE_BINARIES.clear()
-        IMAGE_BINARIES.update(f"/usr/local/bin/{b}" for b in built)
-
-    with open(args.rendered) as f:
-        docs = [d for d in yaml.safe_load_all(f) if d]
-    if not docs:
-        print(f"{args.rendered}: no resources rendered")
-        return 1
+def check_documents(overlay: str, docs: list[dict], policy_bin: str | None = None) -> list[str]:
+    """Every problem of the rendered `docs` of `overlay`, as `where: what` lines."""
+    problems.clear()
     configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     pods = []  # (owner, pod labels)
 
@@ -274,7 +267,7 @@ def main() -> int:
             check_reconciler(where, pod)
             check_metrics(where, template, pod["containers"][0],
                           "OPJOURNAL_RECONCILER_METRICS_LISTEN")
-        if args.overlay == "prod":
+        if overlay == "prod":
             for c in pod["containers"]:
                 if "@sha256:" not in c["image"]:
                     problem(where, f"prod images are pinned by digest, not {c['image']}")
@@ -313,21 +306,58 @@ def main() -> int:
     components = {labels.get("app.kubernetes.io/component") for _, labels in pods}
     for needed in ("server", "reconciler", "migration"):
         if needed not in components:
-            problem(args.overlay, f"no {needed} workload rendered")
+            problem(overlay, f"no {needed} workload rendered")
 
-    if args.policy_bin:
-        check_policies(configmaps, args.policy_bin)
+    problems.extend(check_security(overlay, docs))
 
-    secrets = sorted({
+    if policy_bin:
+        check_policies(configmaps, policy_bin)
+    return list(problems)
+
+
+def secrets_referenced(docs: list[dict]) -> list[str]:
+    """Secret/key of every secretKeyRef and Secret of every volume of the workloads."""
+    keys = {
         f"{e['valueFrom']['secretKeyRef']['name']}/{e['valueFrom']['secretKeyRef']['key']}"
         for d in docs if d["kind"] in WORKLOADS
         for c in d["spec"]["template"]["spec"]["containers"]
         for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})
-    })
-    print(f"  Secrets referenced (created outside this tree): {', '.join(secrets)}")
-    for p in problems:
+    }
+    volumes = {
+        f"{v['secret']['secretName']} (volume)"
+        for d in docs if d["kind"] in WORKLOADS
+        for v in d["spec"]["template"]["spec"].get("volumes", []) if "secret" in v
+    }
+    return sorted(keys | volumes)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("overlay")
+    parser.add_argument("rendered")
+    parser.add_argument("--policy-bin")
+    parser.add_argument("--dockerfile")
+    args = parser.parse_args()
+
+    if args.dockerfile:
+        with open(args.dockerfile) as f:
+            built = set(re.findall(r"target/release/([A-Za-z0-9_-]+)", f.read()))
+        if not built:
+            print(f"{args.dockerfile}: copies no binary out of target/release")
+            return 1
+        IMAGE_BINARIES.clear()
+        IMAGE_BINARIES.update(f"/usr/local/bin/{b}" for b in built)
+
+    with open(args.rendered) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    if not docs:
+        print(f"{args.rendered}: no resources rendered")
+        return 1
+    found = check_documents(args.overlay, docs, args.policy_bin)
+    print(f"  Secrets referenced (created outside this tree): {', '.join(secrets_referenced(docs))}")
+    for p in found:
         print(f"FAILED {args.overlay}: {p}")
-    return 1 if problems else 0
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -49,6 +49,11 @@ impl Authenticator {
         self.registry.is_some()
     }
 
+    /// How many tokens are accepted (0 when authentication is off).
+    pub fn tokens(&self) -> usize {
+        self.registry.as_ref().map_or(0, |registry| registry.len())
+    }
+
     /// The caller behind `metadata`.
     ///
     /// Errors: [`AccessError::MissingCredentials`] without an `authorization` header;

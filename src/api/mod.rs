@@ -4,7 +4,8 @@
 //! Health entries: `""` (the whole server) and `liveness` never depend on the database;
 //! `readiness` and one entry per service follow a cached database check. On shutdown every
 //! entry goes NOT_SERVING first, then, after `drain_delay` (time for load balancers to
-//! notice), the listener closes and in-flight calls finish.
+//! notice), the listener closes and in-flight calls finish. The same entries may also be
+//! served on a second, plaintext listener of their own, for probes that cannot speak TLS.
 
 pub mod auth;
 pub mod convert;
@@ -19,7 +20,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::ServerTlsConfig;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -40,6 +40,10 @@ pub const LIVENESS: &str = "liveness";
 pub const READINESS: &str = "readiness";
 pub use crate::proto::SERVICES;
 
+/// Longest wait for the health-only listener's open calls once the journal's listener has
+/// drained.
+const HEALTH_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Largest request message the server decodes by default, in bytes (1 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
@@ -53,8 +57,9 @@ pub struct ServeOptions {
     /// Bearer-token authentication of the journal and reconciler services (health and
     /// reflection stay open); disabled by default.
     pub auth: Authenticator,
-    /// TLS (and, with a client CA, mutual TLS) for the whole port; plaintext when `None`.
-    pub tls: Option<ServerTlsConfig>,
+    /// TLS (and, with a client CA, mutual TLS) for the whole port, its files read again
+    /// while serving; plaintext when `None`.
+    pub tls: Option<tls::ServerTls>,
     /// Largest request message decoded, in bytes; a larger one is refused by the transport
     /// with `OUT_OF_RANGE` before any handler runs.
     pub max_message_bytes: usize,
@@ -97,11 +102,24 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = options.tls.clone() {
-        builder = builder.tls_config(tls)?;
-    }
-    let mut builder = builder.layer(RpcTelemetryLayer::new(options.metrics.clone()));
+    serve_with_health(journal, reconciler, listener, None, options, shutdown).await
+}
+
+/// Serves the journal on `listener` and, with `health_listener`, gRPC health alone in
+/// plaintext on that one too (the same entries; it closes once the journal's listener has
+/// drained), until `shutdown` is cancelled.
+///
+/// Errors: the transport fails to serve.
+pub async fn serve_with_health(
+    journal: Journal,
+    reconciler: Reconciler,
+    listener: TcpListener,
+    health_listener: Option<TcpListener>,
+    options: ServeOptions,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let mut builder =
+        tonic::transport::Server::builder().layer(RpcTelemetryLayer::new(options.metrics.clone()));
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status(LIVENESS, ServingStatus::Serving)
@@ -124,6 +142,7 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    let reload_stop = shutdown.clone();
     let stop_reporter = reporter.clone();
     let drain_delay = options.drain_delay;
     let stopped = async move {
@@ -148,15 +167,45 @@ pub async fn serve(
     let reconciler = ReconcilerService::new(reconciler)
         .into_server()
         .max_decoding_message_size(options.max_message_bytes);
-    let result = builder
+    let health_only = health_listener.map(|listener| {
+        let stop = CancellationToken::new();
+        let server = tonic::transport::Server::builder()
+            .add_service(health.clone())
+            .serve_with_incoming_shutdown(incoming(listener), stop.clone().cancelled_owned());
+        (stop, tokio::spawn(server))
+    });
+    let router = builder
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(InterceptedService::new(journal, options.auth.clone()))
-        .add_service(InterceptedService::new(reconciler, options.auth))
-        .serve_with_incoming_shutdown(incoming(listener), stopped)
-        .await;
+        .add_service(InterceptedService::new(reconciler, options.auth));
+    let result = match options.tls {
+        Some(tls) => {
+            let reload = tokio::spawn(tls.clone().watch(reload_stop));
+            let result = router
+                .serve_with_incoming_shutdown(tls::incoming(listener, tls), stopped)
+                .await;
+            reload.abort();
+            result
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(incoming(listener), stopped)
+                .await
+        }
+    };
     readiness.abort();
+    if let Some((stop, mut server)) = health_only {
+        stop.cancel();
+        // A client watching health would hold a graceful stop open for ever.
+        match tokio::time::timeout(HEALTH_STOP_TIMEOUT, &mut server).await {
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "the health listener failed"),
+            Ok(Err(error)) => tracing::warn!(%error, "the health listener failed"),
+            Ok(Ok(Ok(()))) => {}
+            Err(_) => server.abort(),
+        }
+    }
     result?;
     Ok(())
 }

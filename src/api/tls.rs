@@ -1,7 +1,14 @@
 //! TLS and mutual TLS from PEM certificate files, for the server and for gRPC clients
-//! (rustls with ring). Files are read and checked once, at start, so that a missing file, a
-//! file without a certificate, or a key that does not belong to the certificate stops the
-//! process with a message naming the setting, not the first connection.
+//! (rustls with ring). Files are read and checked at start, so that a missing file, a file
+//! without a certificate, or a key that does not belong to the certificate stops the process
+//! with a message naming the setting, not the first connection. The server reads its files
+//! again while serving and takes up renewed certificates without a restart ([`ServerTls`]).
+
+mod incoming;
+mod server;
+
+pub use incoming::{HANDSHAKE_TIMEOUT, incoming};
+pub use server::{DEFAULT_RELOAD_INTERVAL, ServerTls};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,7 +16,7 @@ use std::sync::Arc;
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 /// The server's certificate files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,28 +123,13 @@ fn roots(setting: &'static str, path: &Path, pem: &Pem) -> Result<(), TlsError> 
 }
 
 /// The server's TLS configuration: its identity and, with a client CA, mutual TLS with a
-/// client certificate required.
+/// client certificate required; read again every [`DEFAULT_RELOAD_INTERVAL`] while serving
+/// (see [`ServerTls::reload_every`]).
 ///
 /// Errors: a file that cannot be read, holds no certificate or key, or a key that does not
 /// fit the certificate.
-pub fn server_config(files: &ServerTlsFiles) -> Result<ServerTlsConfig, TlsError> {
-    let cert = Pem::read("tls_cert_file", &files.cert_file)?;
-    let key = Pem::read("tls_key_file", &files.key_file)?;
-    check_pair(
-        cert.certificates("tls_cert_file", &files.cert_file)?,
-        key.private_key("tls_key_file", &files.key_file)?,
-        &files.key_file,
-        "tls_key_file",
-    )?;
-    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert.bytes, key.bytes));
-    if let Some(ca_file) = &files.client_ca_file {
-        let ca = Pem::read("tls_client_ca_file", ca_file)?;
-        roots("tls_client_ca_file", ca_file, &ca)?;
-        config = config
-            .client_ca_root(Certificate::from_pem(ca.bytes))
-            .client_auth_optional(false);
-    }
-    Ok(config)
+pub fn server_config(files: &ServerTlsFiles) -> Result<ServerTls, TlsError> {
+    ServerTls::load(files)
 }
 
 /// A client's TLS configuration: trust `ca_file` (or, without one, the system's roots) and,

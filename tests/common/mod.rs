@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use opjournal::api::auth::BearerToken;
+use opjournal::api::tls::ServerTls;
 use opjournal::api::{self, Authenticator, ServeOptions};
 use opjournal::app::Database;
 use opjournal::app::{self, Components};
@@ -27,7 +28,7 @@ use opjournal_sandbox::{self as sandbox, KeyCounts, Sandbox, SandboxConfig};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, ClientTlsConfig, ServerTlsConfig};
+use tonic::transport::{Channel, ClientTlsConfig};
 use tonic_types::StatusExt as _;
 
 pub const PAYMENT_KEY: &str = "payment:order-817:intent-01";
@@ -108,7 +109,7 @@ pub struct SpawnOptions {
     /// Bearer tokens; disabled by default.
     pub auth: Authenticator,
     /// The server's TLS; plaintext when `None`.
-    pub tls: Option<ServerTlsConfig>,
+    pub tls: Option<ServerTls>,
     /// The TLS of `TestApp::journal` and `TestApp::reconciler`; `https://` when set.
     pub client_tls: Option<ClientTlsConfig>,
     /// Payload, result, depth and page limits.

@@ -193,9 +193,29 @@ async fn run_server(config: &Config, telemetry: &Telemetry) -> anyhow::Result<()
             "opjournal metrics on http://{metrics_address}/metrics"
         ));
     }
+    let health_listener = match config.health_listen {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address} (health)"))?;
+            let bound = listener.local_addr()?;
+            tracing::info!(address = %bound, "serving gRPC health in plaintext");
+            app::announce(&format!("opjournal health on {bound}"));
+            Some(listener)
+        }
+        None => None,
+    };
     app::log_security(config, &options);
     let shutdown = app::shutdown_on_signals();
-    let served = api::serve(parts.journal, parts.reconciler, listener, options, shutdown).await;
+    let served = api::serve_with_health(
+        parts.journal,
+        parts.reconciler,
+        listener,
+        health_listener,
+        options,
+        shutdown,
+    )
+    .await;
     admin_stop.cancel();
     if let Some((_, task)) = admin {
         let _ = task.await;
