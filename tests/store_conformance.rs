@@ -197,6 +197,7 @@ fn new_operation(key: &str, lease: Duration) -> NewOperation {
         references: BTreeMap::from([("order_id".to_owned(), "817".to_owned())]),
         lease,
         lease_id: Uuid::new_v4(),
+        attempt: None,
         action_policy: serde_json::json!({}),
         trace_context: None,
     }
@@ -310,7 +311,8 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
                 expected_status: Status::InProgress,
                 expected_attempt: 1,
                 lease: LEASE,
-                lease_id: Uuid::new_v4()
+                lease_id: Uuid::new_v4(),
+                attempt: None,
             })
             .await
             .unwrap()
@@ -349,6 +351,7 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
             expected_attempt: 1,
             lease: LEASE,
             lease_id: next_id,
+            attempt: None,
         })
         .await
         .unwrap()
@@ -391,6 +394,7 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
             expected_attempt: 7,
             lease: LEASE,
             lease_id: Uuid::new_v4(),
+            attempt: None,
         })
         .await
         .unwrap();
@@ -405,6 +409,7 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
             expected_attempt: 1,
             lease: LEASE,
             lease_id: Uuid::new_v4(),
+            attempt: None,
         })
         .await
         .unwrap()
@@ -418,7 +423,8 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
                 expected_status: Status::Unknown,
                 expected_attempt: 1,
                 lease: LEASE,
-                lease_id: Uuid::new_v4()
+                lease_id: Uuid::new_v4(),
+                attempt: None,
             })
             .await
             .unwrap()
@@ -479,6 +485,7 @@ async fn concurrent_claims_of_one_attempt_grant_one_lease(fx: &Fixture) {
                     expected_attempt: 1,
                     lease: LEASE,
                     lease_id: Uuid::new_v4(),
+                    attempt: None,
                 })
                 .await
                 .unwrap()
@@ -808,6 +815,7 @@ async fn a_release_for_retry_lets_the_next_begin_claim(fx: &Fixture) {
             expected_attempt: 1,
             lease: LEASE,
             lease_id: Uuid::new_v4(),
+            attempt: None,
         })
         .await
         .unwrap()
@@ -1014,6 +1022,7 @@ async fn an_operation_under_review_is_never_claimed(fx: &Fixture) {
             expected_attempt: 1,
             lease: LEASE,
             lease_id: Uuid::new_v4(),
+            attempt: None,
         })
         .await
         .unwrap();
@@ -1774,6 +1783,7 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
             expected_attempt: 1,
             lease: LEASE,
             lease_id: Uuid::new_v4(),
+            attempt: None,
         })
         .await
         .unwrap()
