@@ -5,9 +5,9 @@
 //! the pod breaks after the request went through. Calls the journal does not answer (it is
 //! stopped) are answered `UNAVAILABLE` too.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -25,7 +25,7 @@ const BEGIN: &str = "/opjournal.v1.OperationJournal/BeginOperation";
 pub struct Relay {
     pub addr: SocketAddr,
     lose_next_begin: Mutex<Vec<String>>,
-    lost: AtomicUsize,
+    lost: std::sync::Mutex<BTreeMap<String, usize>>,
     upstream: Channel,
 }
 
@@ -36,7 +36,7 @@ impl Relay {
         let relay = Arc::new(Self {
             addr: listener.local_addr().unwrap(),
             lose_next_begin: Mutex::new(Vec::new()),
-            lost: AtomicUsize::new(0),
+            lost: std::sync::Mutex::default(),
             upstream: Channel::from_shared(format!("http://{journal}"))
                 .unwrap()
                 .connect_lazy(),
@@ -64,26 +64,22 @@ impl Relay {
 
     /// How many Begin answers the relay has lost so far.
     pub fn answers_lost(&self) -> usize {
-        self.lost.load(Ordering::SeqCst)
+        self.lost.lock().unwrap().values().sum()
     }
 
-    /// Whether the answer to this Begin body (one gRPC frame) is one to lose; takes the key off
-    /// the list when it is.
-    async fn take_if_armed(&self, frame: &[u8]) -> bool {
-        let Some(message) = frame.get(5..) else {
-            return false;
-        };
-        let Ok(begin) = BeginOperationRequest::decode(message) else {
-            return false;
-        };
+    /// How many Begin answers of `operation_key` the relay has lost so far.
+    pub fn answers_lost_for(&self, operation_key: &str) -> usize {
+        let lost = self.lost.lock().unwrap();
+        lost.get(operation_key).copied().unwrap_or_default()
+    }
+
+    /// The key of this Begin body (one gRPC frame) when its answer is one to lose; takes the
+    /// key off the list then.
+    async fn take_if_armed(&self, frame: &[u8]) -> Option<String> {
+        let begin = BeginOperationRequest::decode(frame.get(5..)?).ok()?;
         let mut armed = self.lose_next_begin.lock().await;
-        match armed.iter().position(|key| *key == begin.operation_key) {
-            Some(at) => {
-                armed.remove(at);
-                true
-            }
-            None => false,
-        }
+        let at = armed.iter().position(|key| *key == begin.operation_key)?;
+        Some(armed.remove(at))
     }
 }
 
@@ -101,18 +97,18 @@ async fn forward(State(relay): State<Arc<Relay>>, request: Request) -> Response 
         let lose = relay.take_if_armed(&frame).await;
         (Body::from(frame), lose)
     } else {
-        (body, false)
+        (body, None)
     };
     let request = http::Request::from_parts(parts, tonic::body::Body::new(body));
     let answer = match relay.upstream.clone().oneshot(request).await {
         Ok(answer) => answer,
         Err(_) => return unavailable("relay: the journal did not answer"),
     };
-    if !lose {
+    let Some(key) = lose else {
         return answer.map(Body::new);
-    }
+    };
     // Let the journal finish the call (the whole answer, trailers included), then drop it.
     let _ = axum::body::to_bytes(Body::new(answer.into_body()), 16 * 1024 * 1024).await;
-    relay.lost.fetch_add(1, Ordering::SeqCst);
+    *relay.lost.lock().unwrap().entry(key).or_default() += 1;
     unavailable("relay: the connection to the journal broke before its answer came back")
 }
