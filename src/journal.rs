@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::domain::canonical::{self, Limits, RequestHash};
 use crate::domain::derived_key::KeyDeriver;
 use crate::domain::error::{FieldViolation, JournalError};
-use crate::domain::lease::{self, AsLeaseToken, BeginVerdict, LeaseToken};
+use crate::domain::lease::{self, AsLeaseToken, AttemptId, BeginVerdict, LeaseToken};
 use crate::domain::model::{
     ActionType, ErrorCode, ExternalId, Namespace, OperationKey, OperationRecord, Status,
 };
@@ -96,6 +96,9 @@ pub struct BeginCommand {
     /// The trace context of the registering request, kept with a new operation so that its
     /// reconcile attempts link to that trace.
     pub trace_context: Option<TraceParent>,
+    /// The caller's id of this Begin intent: a repeat with the same id while the lease
+    /// granted to it is live gets that lease again (see [`lease::AttemptId`]).
+    pub attempt_id: Option<AttemptId>,
 }
 
 /// A Begin as the transport received it, not yet validated: [`Journal::begin_request`]
@@ -118,6 +121,8 @@ pub struct BeginRequest {
     pub confirm_duplicate_intent: bool,
     /// See [`BeginCommand::trace_context`].
     pub trace_context: Option<TraceParent>,
+    /// See [`BeginCommand::attempt_id`]; empty = none.
+    pub attempt_id: String,
 }
 
 /// The Begin answer.
@@ -255,14 +260,17 @@ impl Journal {
             references,
             confirm_duplicate_intent: false,
             trace_context: None,
+            attempt_id: None,
         })
     }
 
     /// Validates a Begin as received ([`Journal::parse_begin`]) and begins it
     /// ([`Journal::begin`]).
     ///
-    /// Errors: those of both.
+    /// Errors: those of both; `INVALID_ARGUMENT`/`INVALID_ATTEMPT_ID` for a malformed
+    /// attempt id.
     pub async fn begin_request(&self, request: BeginRequest) -> Result<BeginOutcome, JournalError> {
+        let attempt_id = AttemptId::parse_optional(&request.attempt_id)?;
         let command = self.parse_begin(
             &request.namespace,
             &request.operation_key,
@@ -274,6 +282,7 @@ impl Journal {
         self.begin(BeginCommand {
             confirm_duplicate_intent: request.confirm_duplicate_intent,
             trace_context: request.trace_context,
+            attempt_id,
             ..command
         })
         .await
@@ -313,6 +322,7 @@ impl Journal {
                 self.policy.defaults.max_lease_seconds,
             )
         };
+        let attempt = command.attempt_id.as_ref().map(AttemptId::digest);
         for _ in 0..MAX_CLAIM_ROUNDS {
             let new = NewOperation {
                 namespace: command.namespace.clone(),
@@ -322,6 +332,7 @@ impl Journal {
                 references: command.references.clone(),
                 lease: lease_for(action),
                 lease_id: Uuid::new_v4(),
+                attempt,
                 action_policy: recorded_policy.clone(),
                 trace_context: command
                     .trace_context
@@ -352,9 +363,16 @@ impl Journal {
                 &row,
                 &command.action_type,
                 &command.request_hash,
+                attempt.as_ref(),
                 rules.provider_deduplicates(),
             ) {
                 BeginVerdict::Conflict => return Err(JournalError::KeyReused),
+                // The same caller's Begin again: its first answer was lost. The lease it was
+                // granted, read with the row in one statement, is still live.
+                BeginVerdict::Reissue => match row.lease_id {
+                    Some(lease_id) => return Ok(self.execute(row, lease_id)),
+                    None => return Err(JournalError::internal("a live lease without a lease id")),
+                },
                 BeginVerdict::Replay => return Ok(BeginOutcome::Replay(row)),
                 BeginVerdict::InProgress(retry_after) => {
                     return Ok(BeginOutcome::InProgress {
@@ -379,6 +397,7 @@ impl Journal {
                             expected_attempt,
                             lease: lease_for(rules),
                             lease_id,
+                            attempt,
                         })
                         .await?;
                     if let Some(record) = claimed {
@@ -674,7 +693,10 @@ impl Journal {
         if settlement.already_recorded_in(&row) {
             return Ok((row, None)); // a retried report after its commit
         }
-        Err(JournalError::OutcomeAlreadyRecorded { status: row.status })
+        Err(JournalError::OutcomeAlreadyRecorded {
+            status: row.status,
+            recorded_by: row.last_actor_kind,
+        })
     }
 
     /// Extends a live lease to `lease_seconds` from now (0 or less gets the minimum).

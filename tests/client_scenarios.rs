@@ -4,8 +4,10 @@
 //! counts itself and holds them against each scenario's `final`.
 //!
 //! The runners reach a journal server that the harness can restart (the scenario of a report
-//! whose answer is lost while the journal restarts) and a control endpoint through which a
-//! scenario makes another holder appear, a lease be taken over or a reconcile run.
+//! whose answer is lost while the journal restarts) through a relay that can lose a Begin's
+//! answer after the journal processed it (the scenario of a Begin whose answer is lost), and a
+//! control endpoint through which a scenario makes another holder appear, a lease be taken
+//! over, a reconcile run or a Begin answer be lost.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -20,21 +22,24 @@ use std::sync::Arc;
 
 use common::TestApp;
 use common::client_suites::{repo, run_program, tool};
+use common::relay::Relay;
 use harness::{RestartableServer, check_finals, spawn_control};
 use sqlx::PgPool;
 
-/// The app, the restartable server the runners use, and the control endpoint's URL.
-async fn stand(pool: PgPool) -> (TestApp, Arc<RestartableServer>, String) {
+/// The app, the relay in front of the restartable server that the runners use, and the
+/// control endpoint's URL.
+async fn stand(pool: PgPool) -> (TestApp, Arc<Relay>, String) {
     let app = TestApp::spawn(pool).await;
     let server = RestartableServer::start(&app).await;
-    let control = spawn_control(&app, server.clone()).await;
-    (app, server, control)
+    let relay = Relay::start(server.addr).await;
+    let control = spawn_control(&app, server, relay.clone()).await;
+    (app, relay, control)
 }
 
 /// Runs one language's runner as a child process with the scenario environment and asserts
 /// that it exited 0; returns its output.
 async fn run_runner(
-    server: &RestartableServer,
+    server: &Relay,
     app: &TestApp,
     control: &str,
     prefix: &str,
@@ -61,17 +66,17 @@ fn assert_finals(prefix: &str, mismatches: &[String]) {
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn the_rust_client_passes_every_scenario(pool: PgPool) {
-    let (app, server, control) = stand(pool).await;
-    let addr = server.addr.to_string();
+    let (app, relay, control) = stand(pool).await;
+    let addr = relay.addr.to_string();
     if let Err(failures) = rust_runner::run_all(&addr, &app.sandbox_url, &control, "rust").await {
         panic!("the Rust client failed scenarios:\n{failures}");
     }
-    assert_finals("rust", &check_finals(&app, "rust").await);
+    assert_finals("rust", &check_finals(&app, &relay, "rust").await);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn the_python_clients_sync_and_asyncio_pass_every_scenario(pool: PgPool) {
-    let (app, server, control) = stand(pool).await;
+    let (app, relay, control) = stand(pool).await;
     let python = tool(
         "OPJOURNAL_TEST_CLIENT_PYTHON",
         "target/python-client-venv/bin/python",
@@ -79,7 +84,7 @@ async fn the_python_clients_sync_and_asyncio_pass_every_scenario(pool: PgPool) {
     );
     let args = ["-m", "pytest", "-q", "-rA", "tests/test_scenarios.py"];
     let stdout = run_runner(
-        &server,
+        &relay,
         &app,
         &control,
         "py",
@@ -93,18 +98,18 @@ async fn the_python_clients_sync_and_asyncio_pass_every_scenario(pool: PgPool) {
         summary.is_some_and(|line| line.contains(" passed") && !line.contains("skipped")),
         "pytest did not pass every scenario:\n{stdout}"
     );
-    assert_finals("py-sync", &check_finals(&app, "py-sync").await);
-    assert_finals("py-async", &check_finals(&app, "py-async").await);
+    assert_finals("py-sync", &check_finals(&app, &relay, "py-sync").await);
+    assert_finals("py-async", &check_finals(&app, &relay, "py-async").await);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn the_typescript_client_passes_every_scenario(pool: PgPool) {
-    let (app, server, control) = stand(pool).await;
+    let (app, relay, control) = stand(pool).await;
     let node = std::env::var_os("OPJOURNAL_TEST_NODE").map_or_else(|| "node".into(), PathBuf::from);
     let compiled = "dist/test/scenarios.test.js";
     let args = ["--test", "--test-reporter=spec", compiled];
     let stdout = run_runner(
-        &server,
+        &relay,
         &app,
         &control,
         "ts",
@@ -120,12 +125,12 @@ async fn the_typescript_client_passes_every_scenario(pool: PgPool) {
             "node --test did not say '{line}':\n{stdout}"
         );
     }
-    assert_finals("ts", &check_finals(&app, "ts").await);
+    assert_finals("ts", &check_finals(&app, &relay, "ts").await);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn the_go_client_passes_every_scenario(pool: PgPool) {
-    let (app, server, control) = stand(pool).await;
+    let (app, relay, control) = stand(pool).await;
     let go_env = repo().join("scripts/go-env");
     let args = [
         "run",
@@ -138,7 +143,7 @@ async fn the_go_client_passes_every_scenario(pool: PgPool) {
         ".",
     ];
     let stdout = run_runner(
-        &server,
+        &relay,
         &app,
         &control,
         "go",
@@ -153,5 +158,5 @@ async fn the_go_client_passes_every_scenario(pool: PgPool) {
             && !stdout.contains("--- FAIL"),
         "go test did not pass every scenario:\n{stdout}"
     );
-    assert_finals("go", &check_finals(&app, "go").await);
+    assert_finals("go", &check_finals(&app, &relay, "go").await);
 }

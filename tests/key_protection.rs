@@ -500,6 +500,7 @@ async fn keys_registered_before_the_screening_or_the_pattern_still_get_their_ans
             references: Default::default(),
             lease: Duration::from_secs(30),
             lease_id: uuid::Uuid::new_v4(),
+            attempt: None,
             action_policy: serde_json::json!({}),
             trace_context: None,
         })

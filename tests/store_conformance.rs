@@ -17,7 +17,7 @@ use std::time::Duration;
 use common::{TestDb, on_pool};
 use opjournal::app::Database;
 use opjournal::domain::canonical::RequestHash;
-use opjournal::domain::lease::LeaseToken;
+use opjournal::domain::lease::{AttemptId, LeaseToken};
 use opjournal::domain::model::{
     ActionType, ActorKind, Attribution, ErrorCode, ExternalId, Namespace, OperationKey,
     OperationRecord, Status,
@@ -197,6 +197,7 @@ fn new_operation(key: &str, lease: Duration) -> NewOperation {
         references: BTreeMap::from([("order_id".to_owned(), "817".to_owned())]),
         lease,
         lease_id: Uuid::new_v4(),
+        attempt: None,
         action_policy: serde_json::json!({}),
         trace_context: None,
     }
@@ -310,7 +311,8 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
                 expected_status: Status::InProgress,
                 expected_attempt: 1,
                 lease: LEASE,
-                lease_id: Uuid::new_v4()
+                lease_id: Uuid::new_v4(),
+                attempt: None,
             })
             .await
             .unwrap()
@@ -349,6 +351,7 @@ async fn a_lease_ends_by_the_database_clock_and_fences_its_holder(fx: &Fixture) 
             expected_attempt: 1,
             lease: LEASE,
             lease_id: next_id,
+            attempt: None,
         })
         .await
         .unwrap()
@@ -391,6 +394,7 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
             expected_attempt: 7,
             lease: LEASE,
             lease_id: Uuid::new_v4(),
+            attempt: None,
         })
         .await
         .unwrap();
@@ -405,6 +409,7 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
             expected_attempt: 1,
             lease: LEASE,
             lease_id: Uuid::new_v4(),
+            attempt: None,
         })
         .await
         .unwrap()
@@ -418,7 +423,8 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
                 expected_status: Status::Unknown,
                 expected_attempt: 1,
                 lease: LEASE,
-                lease_id: Uuid::new_v4()
+                lease_id: Uuid::new_v4(),
+                attempt: None,
             })
             .await
             .unwrap()
@@ -479,6 +485,7 @@ async fn concurrent_claims_of_one_attempt_grant_one_lease(fx: &Fixture) {
                     expected_attempt: 1,
                     lease: LEASE,
                     lease_id: Uuid::new_v4(),
+                    attempt: None,
                 })
                 .await
                 .unwrap()
@@ -808,6 +815,7 @@ async fn a_release_for_retry_lets_the_next_begin_claim(fx: &Fixture) {
             expected_attempt: 1,
             lease: LEASE,
             lease_id: Uuid::new_v4(),
+            attempt: None,
         })
         .await
         .unwrap()
@@ -1014,6 +1022,7 @@ async fn an_operation_under_review_is_never_claimed(fx: &Fixture) {
             expected_attempt: 1,
             lease: LEASE,
             lease_id: Uuid::new_v4(),
+            attempt: None,
         })
         .await
         .unwrap();
@@ -1774,6 +1783,7 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
             expected_attempt: 1,
             lease: LEASE,
             lease_id: Uuid::new_v4(),
+            attempt: None,
         })
         .await
         .unwrap()
@@ -1952,6 +1962,132 @@ async fn the_registering_trace_context_is_kept_in_its_w3c_form_only(f: &Fixture)
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attempt ids: a repeated Begin gets its live lease again
+
+fn attempt_id(text: &str) -> AttemptId {
+    AttemptId::parse_optional(text).unwrap().unwrap()
+}
+
+async fn a_lease_keeps_the_digest_of_the_attempt_id_it_was_granted_to(fx: &Fixture) {
+    let (first, second) = (
+        attempt_id("0f8fad5b-d9cb-469f-a165-70867728950e").digest(),
+        attempt_id("7c9e6679-7425-40de-944b-e07fc1f90ae7").digest(),
+    );
+    let new = NewOperation {
+        attempt: Some(first),
+        ..new_operation("k", Duration::from_millis(100))
+    };
+    let registered = inserted(fx.store.register(&new).await.unwrap()).unwrap();
+    assert_eq!(registered.lease_attempt, Some(first));
+    assert_eq!(fx.get("k").await.lease_attempt, Some(first));
+    let renewed = fx
+        .store
+        .renew(&token(&registered), Duration::from_millis(100))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(renewed.lease_attempt, Some(first), "a renewal keeps it");
+    // Every claim replaces it: with the claiming Begin's digest, or with none.
+    let mut expected_attempt = 1;
+    for granted_to in [Some(second), None] {
+        fx.clock.advance(Duration::from_millis(400));
+        let claim = Claim {
+            namespace: ns(),
+            operation_key: OperationKey::parse("k").unwrap(),
+            expected_status: Status::InProgress,
+            expected_attempt,
+            lease: Duration::from_millis(100),
+            lease_id: Uuid::new_v4(),
+            attempt: granted_to,
+        };
+        let claimed = fx.store.claim(&claim).await.unwrap().unwrap();
+        expected_attempt += 1;
+        assert_eq!(
+            (claimed.attempt_count, claimed.lease_attempt),
+            (expected_attempt, granted_to)
+        );
+    }
+    // Only a lowercase SHA-256 in hex is ever stored.
+    for bad in [
+        "0f8fad5b-d9cb-469f-a165-70867728950e",
+        &"A".repeat(64),
+        &"a".repeat(63),
+    ] {
+        let sql = format!(
+            "UPDATE agent_operations SET lease_attempt_sha256 = '{bad}' WHERE operation_key = 'k'"
+        );
+        assert!(fx.execute_both(&sql).await.is_err(), "{bad} was stored");
+    }
+}
+
+async fn a_repeated_begin_of_one_attempt_gets_its_live_lease_again(fx: &Fixture) {
+    let journal = Journal::new(
+        fx.store.clone(),
+        Arc::new(Policy::builtin()),
+        RequestLimits::default(),
+    );
+    let key = "payment:order-818:intent-01";
+    let begin = |attempt: Option<&str>| {
+        let journal = journal.clone();
+        let attempt = attempt.map(attempt_id);
+        async move {
+            let command = journal
+                .parse_begin(
+                    "",
+                    key,
+                    "create_payment",
+                    r#"{"order_id":"818","amount_minor":490000,"currency":"RUB"}"#,
+                    0,
+                    [],
+                )
+                .unwrap();
+            journal
+                .begin(opjournal::journal::BeginCommand {
+                    attempt_id: attempt,
+                    ..command
+                })
+                .await
+                .expect("no Begin may fail")
+        }
+    };
+    let mine = "0f8fad5b-d9cb-469f-a165-70867728950e";
+    // Ten copies of one Begin at once (a hedging proxy): one lease, the same token for all.
+    let copies: Vec<_> = (0..10).map(|_| tokio::spawn(begin(Some(mine)))).collect();
+    let mut tokens = BTreeSet::new();
+    for copy in copies {
+        match copy.await.unwrap() {
+            BeginOutcome::Execute { record, token } => {
+                assert_eq!(record.attempt_count, 1);
+                tokens.insert(token.encode());
+            }
+            other => panic!("a copy of the granted Begin got {other:?}"),
+        }
+    }
+    assert_eq!(tokens.len(), 1, "every copy got the one lease's token");
+    let BeginOutcome::Execute { token, .. } = begin(Some(mine)).await else {
+        panic!("the repeat did not get its lease again");
+    };
+    assert!(tokens.contains(&token.encode()));
+    for other in [Some("7c9e6679-7425-40de-944b-e07fc1f90ae7"), None] {
+        assert!(
+            matches!(begin(other).await, BeginOutcome::InProgress { .. }),
+            "{other:?}"
+        );
+    }
+    assert_eq!(
+        fx.history(key).await,
+        [(None, Status::InProgress, 1, false, client("registered"))],
+        "repeats are not transitions"
+    );
+    // Once the lease has ended, the same attempt id gets nothing back.
+    fx.clock.advance(Duration::from_secs(3600));
+    assert!(matches!(
+        begin(Some(mine)).await,
+        BeginOutcome::VerificationRequired(_)
+    ));
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod postgres {
@@ -2008,6 +2144,8 @@ conformance!(
     a_report_answers_the_status_it_left,
     the_hot_path_takes_one_store_call_per_request,
     reports_answer_as_before_whatever_the_lease_state,
+    a_lease_keeps_the_digest_of_the_attempt_id_it_was_granted_to,
+    a_repeated_begin_of_one_attempt_gets_its_live_lease_again,
 );
 
 /// The backlog gauges' statement is answered from partial indexes on Postgres, so its cost

@@ -9,6 +9,8 @@ package opjournal
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"time"
@@ -29,6 +31,10 @@ const DefaultTimeout = 10 * time.Second
 // Options.ReportRetry is zero.
 const DefaultReportRetry = 30 * time.Second
 
+// DefaultBeginRetry is how long a Begin whose answer was lost is repeated when
+// Options.BeginRetry is zero.
+const DefaultBeginRetry = 10 * time.Second
+
 // Options configure a Client. The zero value is usable.
 type Options struct {
 	// Timeout is the deadline of each call (DefaultTimeout when zero). A context with an
@@ -41,6 +47,11 @@ type Options struct {
 	// 100 ms doubling to 2 s. DefaultReportRetry when zero; negative: never repeat. The
 	// journal answers a repeated report with the record of the first, so it is safe.
 	ReportRetry time.Duration
+	// BeginRetry is how long Begin repeats a BeginOperation whose answer was lost
+	// (UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED), with the same attempt id and the same
+	// backoff. DefaultBeginRetry when zero; negative: never repeat. The journal answers the
+	// repeat with the lease it granted to the first, so the provider is still called once.
+	BeginRetry time.Duration
 	// Token, when set, is sent as "authorization: Bearer <Token>" on every call.
 	Token string
 }
@@ -55,6 +66,7 @@ type Client struct {
 
 	timeout     time.Duration
 	reportRetry time.Duration
+	beginRetry  time.Duration
 	token       string
 	conn        *grpc.ClientConn
 }
@@ -66,6 +78,7 @@ func New(conn grpc.ClientConnInterface, opts Options) *Client {
 		Reconciler:  pb.NewReconcilerClient(conn),
 		timeout:     opts.Timeout,
 		reportRetry: opts.ReportRetry,
+		beginRetry:  opts.BeginRetry,
 		token:       opts.Token,
 	}
 	if c.timeout <= 0 {
@@ -73,6 +86,9 @@ func New(conn grpc.ClientConnInterface, opts Options) *Client {
 	}
 	if c.reportRetry == 0 {
 		c.reportRetry = DefaultReportRetry
+	}
+	if c.beginRetry == 0 {
+		c.beginRetry = DefaultBeginRetry
 	}
 	return c
 }
@@ -125,6 +141,20 @@ type Intent struct {
 	// ConfirmDuplicateIntent proceeds after DUPLICATE_INTENT_SUSPECTED: this really is a
 	// new intent.
 	ConfirmDuplicateIntent bool
+	// AttemptID names this Begin intent: 16-64 characters of [A-Za-z0-9_-]. Empty: Begin
+	// draws a new one (NewAttemptID) for each call, and Execute one for each Execute,
+	// kept for all its Begins. Set it only to repeat one intent's Begin yourself; never
+	// reuse one for another intent.
+	AttemptID string
+}
+
+// NewAttemptID is a new random attempt id: 128 random bits in hex (32 characters).
+func NewAttemptID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("opjournal: no randomness for an attempt id: " + err.Error())
+	}
+	return hex.EncodeToString(b[:])
 }
 
 // errNotJSON: a payload or result cannot be encoded as JSON; nothing was sent.
@@ -145,15 +175,21 @@ func jsonText(v interface{}) (string, error) {
 }
 
 // Begin registers the intent and, where the rules allow, claims a lease
-// (BeginOperation). Errors: ErrIdempotencyKeyReused, ErrInvalidArgument, ...
+// (BeginOperation), under in.AttemptID (a new one when empty). A Begin whose answer was
+// lost (UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED: the journal may have granted a lease)
+// is repeated with the same attempt id for up to Options.BeginRetry, with a backoff of
+// 100 ms doubling to 2 s; the journal answers the repeat with the lease it granted to the
+// first instead of IN_PROGRESS against it. Errors: ErrIdempotencyKeyReused,
+// ErrInvalidArgument (INVALID_ATTEMPT_ID among others), ErrJournalUnavailable, ...
 func (c *Client) Begin(ctx context.Context, in Intent) (*pb.BeginOperationResponse, error) {
 	payload, err := jsonText(in.Payload)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := c.call(ctx)
-	defer cancel()
-	resp, err := c.Journal.BeginOperation(ctx, &pb.BeginOperationRequest{
+	if in.AttemptID == "" {
+		in.AttemptID = NewAttemptID()
+	}
+	request := &pb.BeginOperationRequest{
 		Namespace:              in.Namespace,
 		OperationKey:           in.Key,
 		ActionType:             in.ActionType,
@@ -161,7 +197,32 @@ func (c *Client) Begin(ctx context.Context, in Intent) (*pb.BeginOperationRespon
 		LeaseSeconds:           in.LeaseSeconds,
 		References:             in.References,
 		ConfirmDuplicateIntent: in.ConfirmDuplicateIntent,
-	})
+		AttemptId:              in.AttemptID,
+	}
+	deadline := time.Now().Add(c.beginRetry)
+	delay := 100 * time.Millisecond
+	for {
+		resp, err := c.beginOnce(ctx, request)
+		if err == nil || c.beginRetry < 0 || !isLostAnswer(err) || ctx.Err() != nil {
+			return resp, err
+		}
+		if time.Now().Add(delay).After(deadline) {
+			return resp, err
+		}
+		if err := sleep(ctx, delay); err != nil {
+			return nil, err
+		}
+		if delay *= 2; delay > 2*time.Second {
+			delay = 2 * time.Second
+		}
+	}
+}
+
+// beginOnce sends one BeginOperation with the client's deadline.
+func (c *Client) beginOnce(ctx context.Context, request *pb.BeginOperationRequest) (*pb.BeginOperationResponse, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := c.Journal.BeginOperation(ctx, request)
 	return resp, DecodeError(err)
 }
 

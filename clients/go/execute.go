@@ -261,7 +261,8 @@ func WithUnknownCode(f func(error) string) ExecuteOption {
 // a ProviderResult -> CompleteOperation -> Succeeded; a confirmed rejection (Reject) ->
 // FailOperation -> FailedFinal; anything else (a timeout, a reset, a 5xx, a panic) ->
 // ReportUnknownOutcome -> VerificationRequired, never a failure. A report whose answer was
-// lost is repeated with the same token and outcome (Options.ReportRetry). The other
+// lost is repeated with the same token and outcome (Options.ReportRetry), and a Begin whose
+// answer was lost with the same attempt id (Options.BeginRetry). The other
 // decisions are outcomes too: REPLAY gives the stored outcome with Replayed, and
 // InProgress, VerificationRequired and DuplicateIntentSuspected say why call did not run.
 //
@@ -277,6 +278,12 @@ func Execute(ctx context.Context, c *Client, in Intent, call ProviderFunc, opts 
 	cfg := executeConfig{renew: true, rejection: DefaultRejection, unknownCode: DefaultUnknownCode}
 	for _, opt := range opts {
 		opt(&cfg)
+	}
+	// One attempt id for every Begin of this call: it runs call at most once, after the one
+	// EXECUTE it receives, so a repeat that gets a lease back only ever stands in for an
+	// answer that never arrived.
+	if in.AttemptID == "" {
+		in.AttemptID = NewAttemptID()
 	}
 	start := time.Now()
 	delay := newBackoff(200*time.Millisecond, 2*time.Second)

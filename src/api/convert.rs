@@ -140,6 +140,7 @@ impl From<proto::BeginOperationRequest> for BeginRequest {
             lease_seconds: r.lease_seconds,
             references: r.references,
             confirm_duplicate_intent: r.confirm_duplicate_intent,
+            attempt_id: r.attempt_id,
             trace_context: None,
         }
     }

@@ -12,6 +12,7 @@ use tonic_types::{ErrorDetails, StatusExt as _};
 
 use crate::domain::access::AccessError;
 use crate::domain::error::{ErrorReason, JournalError};
+use crate::domain::model::ActorKind;
 
 /// The `ErrorInfo.domain` of every error this service returns.
 pub const ERROR_DOMAIN: &str = "opjournal.dev";
@@ -69,11 +70,28 @@ impl From<JournalError> for Status {
                 "the lease behind this token ended or was taken over; nothing was changed",
                 HashMap::new(),
             ),
-            JournalError::OutcomeAlreadyRecorded { status: current } => status(
+            JournalError::OutcomeAlreadyRecorded {
+                status: current,
+                recorded_by,
+            } => status(
                 Code::FailedPrecondition,
                 reason,
-                format!("this lease already recorded another outcome; the operation is {current}"),
-                HashMap::from([("status".to_owned(), current.to_string())]),
+                match recorded_by {
+                    ActorKind::Client => format!(
+                        "this lease already recorded another outcome; the operation is {current}"
+                    ),
+                    ActorKind::Worker => format!(
+                        "the reconcile worker has recorded this operation's outcome; \
+                         the operation is {current}"
+                    ),
+                    ActorKind::Reviewer => format!(
+                        "a reviewer has recorded this operation's outcome; the operation is {current}"
+                    ),
+                },
+                HashMap::from([
+                    ("status".to_owned(), current.to_string()),
+                    ("recorded_by".to_owned(), recorded_by.as_str().to_owned()),
+                ]),
             ),
             JournalError::Contention => retryable(
                 Code::Aborted,

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::canonical::JsonError;
-use super::model::Status;
+use super::model::{ActorKind, Status};
 pub use opjournal_client::ErrorReason;
 
 /// One invalid request field, reported as a `google.rpc.BadRequest` field violation.
@@ -48,12 +48,15 @@ pub enum JournalError {
     /// A report from a holder whose lease was taken over or has ended. `ABORTED`, `LEASE_LOST`.
     #[error("the lease behind this token is no longer held")]
     LeaseLost,
-    /// The token's lease already recorded a different outcome. `FAILED_PRECONDITION`,
-    /// `OUTCOME_ALREADY_RECORDED`.
-    #[error("this lease already recorded a different outcome")]
+    /// The operation already holds a different outcome than the token's report: recorded by
+    /// this lease, or (once the lease ended) by the reconcile worker or a reviewer.
+    /// `FAILED_PRECONDITION`, `OUTCOME_ALREADY_RECORDED`.
+    #[error("the operation already holds a different outcome")]
     OutcomeAlreadyRecorded {
         /// Status the operation is in.
         status: Status,
+        /// Who recorded it: the client (this lease), the worker or a reviewer.
+        recorded_by: ActorKind,
     },
     /// The row kept changing under concurrent claims; nothing was written by this call.
     /// `ABORTED`, `CONCURRENT_MODIFICATION`: retry the call.

@@ -12,11 +12,22 @@
 //! before it vanished. An expired lease is treated exactly like `unknown`. Only an action
 //! whose provider deduplicates by our key (`on_timeout: retry_with_same_key`) may be claimed
 //! again from `unknown` or an expired lease.
+//!
+//! A Begin whose answer is lost (a mesh retrying after `UNAVAILABLE`, a client deadline) is
+//! sent again by the same caller. Without more, the repeat meets its own live lease and gets
+//! `IN_PROGRESS`, and once the lease ends the operation needs verification although nobody
+//! called the provider. So a caller may name each Begin intent with an [`AttemptId`]: a
+//! repeat with the same id, key and request hash while that lease is live is answered with
+//! the same lease again ([`decide`]'s `Reissue`). Only the id's SHA-256 is stored with the
+//! lease, and the token is rebuilt from the row (attempt and lease id), so nothing new that
+//! would let its holder report is kept in clear. A repeat after the lease ended gets the
+//! lease back never: its first answer may have arrived after all.
 
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use sha2::{Digest as _, Sha256};
 use uuid::Uuid;
 
 use super::error::{FieldViolation, JournalError};
@@ -118,6 +129,76 @@ impl LeaseToken {
 
 pub use super::transition::{BeginVerdict, decide};
 
+/// The caller's name for one Begin intent (`BeginOperationRequest.attempt_id`): 16-64
+/// characters of `[A-Za-z0-9_-]`, such as a UUID or 128 random bits in hex or base64url. A
+/// client draws a new one for each intent (each `execute` call) and sends it again on its own
+/// transport retries of that Begin. Never logged, never stored (only [`AttemptId::digest`]),
+/// never part of the request hash.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AttemptId(String);
+
+/// Shortest attempt id, in characters: shorter ones are too easy to share by accident.
+pub const MIN_ATTEMPT_ID_CHARS: usize = 16;
+/// Longest attempt id, in characters.
+pub const MAX_ATTEMPT_ID_CHARS: usize = 64;
+
+impl AttemptId {
+    /// Parses the request field; an empty field means no attempt id (`None`).
+    ///
+    /// Errors: `INVALID_ARGUMENT`, reason `INVALID_ATTEMPT_ID`, field `attempt_id`, for a
+    /// length outside 16-64 or a character outside `[A-Za-z0-9_-]`.
+    pub fn parse_optional(text: &str) -> Result<Option<Self>, JournalError> {
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let well_formed = (MIN_ATTEMPT_ID_CHARS..=MAX_ATTEMPT_ID_CHARS).contains(&text.len())
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !well_formed {
+            return Err(JournalError::invalid(
+                ErrorReason::InvalidAttemptId,
+                FieldViolation::new(
+                    "attempt_id",
+                    "must be empty or 16-64 characters of [A-Za-z0-9_-], such as a random UUID",
+                ),
+            ));
+        }
+        Ok(Some(Self(text.to_owned())))
+    }
+
+    /// The SHA-256 of the id: what the journal keeps with the lease it was granted for.
+    pub fn digest(&self) -> AttemptDigest {
+        AttemptDigest(Sha256::digest(self.0.as_bytes()).into())
+    }
+}
+
+impl std::fmt::Debug for AttemptId {
+    /// Never shows the id: with the key and the request it gives the lease back.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AttemptId(<redacted>)")
+    }
+}
+
+/// SHA-256 of an [`AttemptId`], as stored with the lease granted to it
+/// (`agent_operations.lease_attempt_sha256`, 64 lowercase hex digits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptDigest([u8; 32]);
+
+impl AttemptDigest {
+    /// Lowercase hex, 64 characters.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Parses 64 hex digits; `None` for anything else.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(text, &mut bytes).ok()?;
+        Some(Self(bytes))
+    }
+}
+
 /// A lease token as the use cases take it: already parsed (the transport parses it once per
 /// request, where it also checks the caller's namespace), or as the text a client sent.
 pub trait AsLeaseToken {
@@ -164,6 +245,7 @@ mod tests {
             attempt_count: 1,
             lease_id: Some(Uuid::new_v4()),
             lease_until: lease_secs.map(|s| now + TimeDelta::seconds(s)),
+            lease_attempt: None,
             external_id: None,
             result_json: None,
             error_code: None,
@@ -183,7 +265,13 @@ mod tests {
     }
 
     fn verdict(r: &OperationRecord, dedup: bool) -> BeginVerdict {
-        decide(r, &r.action_type.clone(), &r.request_hash.clone(), dedup)
+        decide(
+            r,
+            &r.action_type.clone(),
+            &r.request_hash.clone(),
+            None,
+            dedup,
+        )
     }
 
     #[test]
@@ -198,12 +286,12 @@ mod tests {
             let r = row(status, Some(30));
             let other = RequestHash::from_hex(&"b".repeat(64)).unwrap();
             assert_eq!(
-                decide(&r, &r.action_type, &other, true),
+                decide(&r, &r.action_type, &other, None, true),
                 BeginVerdict::Conflict
             );
             let action = ActionType::parse("send_email").unwrap();
             assert_eq!(
-                decide(&r, &action, &r.request_hash, true),
+                decide(&r, &action, &r.request_hash, None, true),
                 BeginVerdict::Conflict
             );
         }
@@ -263,6 +351,46 @@ mod tests {
         assert_eq!(lease_duration(100_000, 30, 3600).as_secs(), 3600);
         assert_eq!(renewal_duration(0, 3600).as_secs(), 1);
         assert_eq!(renewal_duration(-3, 3600).as_secs(), 1);
+    }
+
+    #[test]
+    fn attempt_ids_are_optional_and_well_formed_or_refused() {
+        assert_eq!(AttemptId::parse_optional("").unwrap(), None);
+        for good in [
+            "0f8fad5b-d9cb-469f-a165-70867728950e",
+            "AAECAwQFBgcICQoLDA0ODw",
+            &"a".repeat(MIN_ATTEMPT_ID_CHARS),
+            &"Z".repeat(MAX_ATTEMPT_ID_CHARS),
+        ] {
+            assert!(AttemptId::parse_optional(good).unwrap().is_some(), "{good}");
+        }
+        for bad in [
+            "short",
+            &"a".repeat(MIN_ATTEMPT_ID_CHARS - 1),
+            &"a".repeat(MAX_ATTEMPT_ID_CHARS + 1),
+            "0f8fad5b d9cb 469f a165 70867728950e",
+            "0f8fad5b/d9cb/469f/a165/70867728950e",
+            "ünïcödé-ünïcödé-ünïcödé",
+        ] {
+            let error = AttemptId::parse_optional(bad).unwrap_err();
+            assert_eq!(error.reason(), ErrorReason::InvalidAttemptId, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_attempt_id_is_kept_only_as_its_sha256_and_never_shown() {
+        let id = AttemptId::parse_optional("0f8fad5b-d9cb-469f-a165-70867728950e")
+            .unwrap()
+            .unwrap();
+        // printf '%s' 0f8fad5b-d9cb-469f-a165-70867728950e | sha256sum
+        let digest = id.digest().to_hex();
+        assert_eq!(
+            digest,
+            "c812e1edb64417d6090dcfbaf16c21cd8e8665c04396e1edb472fecfb2797c6a"
+        );
+        assert_eq!(AttemptDigest::from_hex(&digest), Some(id.digest()));
+        assert!(!format!("{id:?}").contains("0f8fad5b"));
+        assert!(AttemptDigest::from_hex("not hex").is_none());
     }
 
     #[test]

@@ -296,6 +296,9 @@ pub struct OperationRecord {
     pub lease_id: Option<uuid::Uuid>,
     /// End of the current lease (database clock).
     pub lease_until: Option<DateTime<Utc>>,
+    /// SHA-256 of the attempt id the current (or last) lease was granted to, when that Begin
+    /// sent one (see [`crate::domain::lease::AttemptId`]).
+    pub lease_attempt: Option<crate::domain::lease::AttemptDigest>,
     /// Provider's id of the effect.
     pub external_id: Option<String>,
     /// Stored result, canonical JSON text.

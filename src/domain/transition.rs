@@ -5,7 +5,7 @@
 //!
 //! | rule | function |
 //! |---|---|
-//! | what a Begin gets for an existing row | [`decide`] |
+//! | what a Begin gets for an existing row (and when a repeated Begin gets its lease again) | [`decide`] |
 //! | which report a lease token may make, and what it moves the row to | [`may_report`], [`Settlement::target_status`] |
 //! | a report repeated with the same outcome | [`Settlement::already_recorded_in`] |
 //! | an ended lease without a report becomes `unknown` | [`on_lease_expiry`] |
@@ -17,6 +17,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::domain::canonical::RequestHash;
+use crate::domain::lease::AttemptDigest;
 use crate::domain::model::{ActionType, ActorKind, ErrorCode, ExternalId, OperationRecord, Status};
 use crate::domain::policy::{ActionPolicy, OnUnresolved};
 
@@ -29,6 +30,10 @@ pub enum BeginVerdict {
     Replay,
     /// Another holder's lease is live for this long.
     InProgress(Duration),
+    /// The same Begin again (same attempt id, key and request hash) while the lease granted
+    /// to it is live: its answer was lost. Answer `EXECUTE` with that lease's token again,
+    /// rebuilt from the row; nothing is written and the history gets no transition.
+    Reissue,
     /// Unknown outcome (reported, or an expired lease): reconcile before any retry.
     VerificationRequired,
     /// The caller may take a new lease with compare-and-set on this status and attempt.
@@ -42,12 +47,17 @@ pub enum BeginVerdict {
 
 /// Decides what a Begin with (`action_type`, `request_hash`) gets for the existing `row`.
 ///
-/// `provider_deduplicates` is the action's policy (`on_timeout: retry_with_same_key`): only
-/// then may an unknown operation or an expired lease be claimed again with the same key.
+/// `attempt` is the digest of the Begin's attempt id, if it sent one: a Begin whose attempt
+/// id is the one the row's live lease was granted to gets that lease again
+/// ([`BeginVerdict::Reissue`]); every other caller, and the same one once the lease has
+/// ended, gets what it would without an attempt id. `provider_deduplicates` is the action's
+/// policy (`on_timeout: retry_with_same_key`): only then may an unknown operation or an
+/// expired lease be claimed again with the same key.
 pub fn decide(
     row: &OperationRecord,
     action_type: &ActionType,
     request_hash: &RequestHash,
+    attempt: Option<&AttemptDigest>,
     provider_deduplicates: bool,
 ) -> BeginVerdict {
     if &row.request_hash != request_hash || &row.action_type != action_type {
@@ -60,6 +70,11 @@ pub fn decide(
     match row.status {
         Status::Succeeded | Status::FailedFinal => BeginVerdict::Replay,
         Status::Pending => claim,
+        Status::InProgress
+            if row.has_live_lease() && attempt.is_some_and(|a| row.lease_attempt == Some(*a)) =>
+        {
+            BeginVerdict::Reissue
+        }
         Status::InProgress if row.has_live_lease() => {
             let remaining = row
                 .lease_until
@@ -317,7 +332,107 @@ fn grace_has_passed(record: &OperationRecord, action: &ActionPolicy) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::domain::lease::AttemptId;
+    use crate::domain::model::{Namespace, OperationKey};
     use Status::*;
+
+    fn attempt(text: &str) -> AttemptDigest {
+        AttemptId::parse_optional(text).unwrap().unwrap().digest()
+    }
+
+    /// A row in `status`, its lease `lease_secs` from now (negative: ended), granted to
+    /// `granted_to`.
+    fn row(status: Status, lease_secs: i64, granted_to: Option<AttemptDigest>) -> OperationRecord {
+        let now = Utc::now();
+        OperationRecord {
+            namespace: Namespace::parse("").unwrap(),
+            operation_key: OperationKey::parse("payment:order-817:intent-01").unwrap(),
+            action_type: ActionType::parse("create_payment").unwrap(),
+            request_hash: RequestHash::from_hex(&"a".repeat(64)).unwrap(),
+            status,
+            attempt_count: 1,
+            lease_id: Some(uuid::Uuid::new_v4()),
+            lease_until: Some(now + TimeDelta::seconds(lease_secs)),
+            lease_attempt: granted_to,
+            external_id: None,
+            result_json: None,
+            error_code: None,
+            references: Default::default(),
+            unknown_since: None,
+            next_check_at: None,
+            reconcile_attempts: 0,
+            review_required_at: None,
+            review_reason: None,
+            last_actor_kind: ActorKind::Client,
+            action_policy: None,
+            trace_context: None,
+            created_at: now,
+            updated_at: now,
+            observed_at: now,
+        }
+    }
+
+    #[test]
+    fn a_repeated_begin_gets_its_own_live_lease_again_and_nobody_else_does() {
+        let mine = attempt("0f8fad5b-d9cb-469f-a165-70867728950e");
+        let other = attempt("7c9e6679-7425-40de-944b-e07fc1f90ae7");
+        // (status, lease left s, granted to, asking, provider deduplicates) -> verdict kind
+        let table = [
+            (InProgress, 30, Some(mine), Some(mine), false, "reissue"),
+            (InProgress, 30, Some(mine), Some(mine), true, "reissue"),
+            (
+                InProgress,
+                30,
+                Some(mine),
+                Some(other),
+                false,
+                "in_progress",
+            ),
+            (InProgress, 30, Some(mine), None, false, "in_progress"),
+            (InProgress, 30, None, Some(mine), false, "in_progress"),
+            (InProgress, 30, None, None, false, "in_progress"),
+            // The lease ended: its answer may have arrived after all; never given back.
+            (
+                InProgress,
+                -1,
+                Some(mine),
+                Some(mine),
+                false,
+                "verification",
+            ),
+            (InProgress, -1, Some(mine), Some(mine), true, "claim"),
+            // The holder reported, or the sweep ran: the lease is no longer there to give.
+            (Unknown, 30, Some(mine), Some(mine), false, "verification"),
+            (Succeeded, 30, Some(mine), Some(mine), false, "replay"),
+            (FailedFinal, 30, Some(mine), Some(mine), false, "replay"),
+            (Pending, 30, Some(mine), Some(mine), false, "claim"),
+        ];
+        for (status, left, granted_to, asking, dedup, want) in table {
+            let r = row(status, left, granted_to);
+            let got = match decide(&r, &r.action_type, &r.request_hash, asking.as_ref(), dedup) {
+                BeginVerdict::Reissue => "reissue",
+                BeginVerdict::InProgress(_) => "in_progress",
+                BeginVerdict::VerificationRequired => "verification",
+                BeginVerdict::Claim { .. } => "claim",
+                BeginVerdict::Replay => "replay",
+                BeginVerdict::Conflict => "conflict",
+            };
+            assert_eq!(
+                got,
+                want,
+                "{status:?} left={left} granted={} asking={} dedup={dedup}",
+                granted_to.is_some(),
+                asking.map(|a| a == mine).unwrap_or_default()
+            );
+        }
+        // Another request under the key is a conflict, whatever the attempt id says.
+        let r = row(InProgress, 30, Some(mine));
+        let another = RequestHash::from_hex(&"b".repeat(64)).unwrap();
+        assert_eq!(
+            decide(&r, &r.action_type, &another, Some(&mine), false),
+            BeginVerdict::Conflict
+        );
+    }
 
     #[test]
     fn reports_table() {

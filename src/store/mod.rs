@@ -25,7 +25,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::domain::canonical::RequestHash;
-use crate::domain::lease::LeaseToken;
+use crate::domain::lease::{AttemptDigest, LeaseToken};
 use crate::domain::model::{
     ActionType, Attribution, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
 };
@@ -64,6 +64,8 @@ pub struct NewOperation {
     pub lease: Duration,
     /// Random id of the lease (the secret part of the fencing token).
     pub lease_id: Uuid,
+    /// SHA-256 of the registering Begin's attempt id, kept with the lease.
+    pub attempt: Option<AttemptDigest>,
     /// The action policy in force, as JSON, recorded with the operation.
     pub action_policy: serde_json::Value,
     /// The W3C `traceparent` of the registering request, in the form
@@ -135,6 +137,9 @@ pub struct Claim {
     pub lease: Duration,
     /// Random id of the new lease (the secret part of the fencing token).
     pub lease_id: Uuid,
+    /// SHA-256 of the claiming Begin's attempt id, kept with the lease (replacing the last
+    /// lease's, `NULL` without one).
+    pub attempt: Option<AttemptDigest>,
 }
 
 /// Another operation with the same request, for [`JournalStore::find_same_request`].

@@ -23,7 +23,7 @@ use super::{
     StoreError,
 };
 use crate::domain::canonical::RequestHash;
-use crate::domain::lease::LeaseToken;
+use crate::domain::lease::{AttemptDigest, LeaseToken};
 use crate::domain::model::{
     ActionType, ActorKind, Attribution, Namespace, OperationEvent, OperationKey, OperationRecord,
     Status,
@@ -582,7 +582,7 @@ fn report_args(token: &LeaseToken, settlement: &Settlement) -> (usize, Vec<Arg>)
     (variant, [lease, outcome].concat())
 }
 
-/// `$2..$10` of the insert.
+/// `$2..$11` of the insert.
 fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
     let (ns, key, action) = (
         new.namespace.as_str(),
@@ -600,7 +600,8 @@ fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
         new.lease_id,
         references,
         policy,
-        trace
+        trace,
+        new.attempt.map(|a| a.to_hex())
     ])
 }
 
@@ -677,7 +678,16 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
     async fn claim(&self, claim: &Claim) -> Result<Option<OperationRecord>, StoreError> {
         let (ns, key) = (claim.namespace.as_str(), claim.operation_key.as_str());
         let (status, attempt) = (claim.expected_status.as_str(), claim.expected_attempt);
-        let args = args![ns, key, status, attempt, claim.lease, claim.lease_id];
+        let granted_to = claim.attempt.map(|a| a.to_hex());
+        let args = args![
+            ns,
+            key,
+            status,
+            attempt,
+            claim.lease,
+            claim.lease_id,
+            granted_to
+        ];
         self.one(&self.statements.claim, args).await
     }
 
@@ -881,6 +891,7 @@ struct OperationRow {
     error_code: Option<String>,
     lease_until: Option<DateTime<Utc>>,
     lease_id: Option<String>,
+    lease_attempt_sha256: Option<String>,
     business_references: String,
     unknown_since: Option<DateTime<Utc>>,
     next_check_at: Option<DateTime<Utc>>,
@@ -911,6 +922,12 @@ impl TryFrom<OperationRow> for OperationRecord {
             attempt_count: row.attempt_count,
             lease_id: lease_id.transpose().map_err(|_| corrupt("lease_id"))?,
             lease_until: row.lease_until,
+            lease_attempt: match row.lease_attempt_sha256.as_deref() {
+                Some(hex) => Some(
+                    AttemptDigest::from_hex(hex).ok_or_else(|| corrupt("lease_attempt_sha256"))?,
+                ),
+                None => None,
+            },
             external_id: row.external_id,
             result_json: row.result_json,
             error_code: row.error_code,

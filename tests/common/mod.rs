@@ -5,6 +5,7 @@
 
 pub mod client_suites;
 pub mod observe;
+pub mod relay;
 pub mod seven_steps;
 
 use std::net::SocketAddr;

@@ -1,7 +1,9 @@
 //! The harness behind `clients/scenarios.yaml`: a journal server that can be stopped and
-//! started again on the same address, a control endpoint the runners call to make the
-//! scenarios' faults happen (another holder, a takeover, a reconcile, a restart), and the check
-//! of every scenario's `final` against the journal rows and the sandbox's own counts.
+//! started again on the same address, behind a relay that can lose a Begin's answer
+//! (`common::relay`), a control endpoint the runners call to make the scenarios' faults
+//! happen (another holder, a takeover, a reconcile, a restart, a lost Begin answer), and the
+//! check of every scenario's `final` against the journal rows, the sandbox's own counts and
+//! the answers the relay lost.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -27,6 +29,7 @@ use tonic::transport::Channel;
 
 use crate::common::TestApp;
 use crate::common::client_suites::{Row, row};
+use crate::common::relay::Relay;
 
 /// A journal server over the app's journal that the harness can stop and start again on the
 /// same address, as a restarted pod comes back behind the same Service.
@@ -93,6 +96,7 @@ impl RestartableServer {
 #[derive(Clone)]
 struct Control {
     server: Arc<RestartableServer>,
+    relay: Arc<Relay>,
     app_pool: Option<sqlx::PgPool>,
     sandbox_url: String,
     journal: OperationJournalClient<Channel>,
@@ -124,13 +128,19 @@ fn failed(what: &str, error: impl std::fmt::Display) -> (StatusCode, String) {
     )
 }
 
-/// Starts the control endpoint for `server`; returns its base URL.
-pub async fn spawn_control(app: &TestApp, server: Arc<RestartableServer>) -> String {
+/// Starts the control endpoint for `server` and the runners' `relay` in front of it; returns
+/// its base URL.
+pub async fn spawn_control(
+    app: &TestApp,
+    server: Arc<RestartableServer>,
+    relay: Arc<Relay>,
+) -> String {
     let channel = Channel::from_shared(format!("http://{}", server.addr))
         .unwrap()
         .connect_lazy();
     let control = Control {
         server,
+        relay,
         app_pool: match &app.db {
             crate::common::TestDb::Postgres(pool) => Some(pool.clone()),
             crate::common::TestDb::Sqlite { .. } => None,
@@ -144,6 +154,7 @@ pub async fn spawn_control(app: &TestApp, server: Arc<RestartableServer>) -> Str
         .route("/lease/hold", post(hold))
         .route("/lease/takeover", post(takeover))
         .route("/reconcile", post(reconcile))
+        .route("/begin/lose-answer", post(lose_begin_answer))
         .with_state(control);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -250,6 +261,16 @@ async fn takeover(State(control): State<Control>, Json(target): Json<Target>) ->
     control.pay_and_complete(&target, token).await
 }
 
+/// Makes the relay lose the answer of the next Begin of the key, after the journal processed
+/// it: the caller gets `UNAVAILABLE` instead.
+async fn lose_begin_answer(State(control): State<Control>, Json(target): Json<Target>) -> Answer {
+    control
+        .relay
+        .lose_next_begin_answer(&target.operation_key)
+        .await;
+    Ok(Json(json!({"armed": true})))
+}
+
 /// ReconcileOperation now, or after `after_ms` in the background.
 async fn reconcile(State(control): State<Control>, Json(target): Json<Target>) -> Answer {
     let request = proto::ReconcileOperationRequest {
@@ -299,6 +320,8 @@ pub struct Final {
     pub row: Option<String>,
     pub requests: u64,
     pub effects: u64,
+    /// Begin answers of the key the relay lost (checked only when given).
+    pub begin_answers_lost: Option<usize>,
 }
 
 /// The scenario file every client runs.
@@ -308,9 +331,10 @@ pub fn scenario_file() -> ScenarioFile {
     serde_saphyr::from_str(&text).unwrap()
 }
 
-/// Holds every scenario's `final` against the journal rows and the sandbox's counts for the
-/// keys a runner with `prefix` used. Returns every mismatch, one line each.
-pub async fn check_finals(app: &TestApp, prefix: &str) -> Vec<String> {
+/// Holds every scenario's `final` against the journal rows, the sandbox's counts and the
+/// answers `relay` lost for the keys a runner with `prefix` used. Returns every mismatch, one
+/// line each.
+pub async fn check_finals(app: &TestApp, relay: &Relay, prefix: &str) -> Vec<String> {
     let mut mismatches = Vec::new();
     for scenario in scenario_file().scenarios {
         for (step_key, expected) in &scenario.expected {
@@ -350,6 +374,12 @@ pub async fn check_finals(app: &TestApp, prefix: &str) -> Vec<String> {
                     }
                 }
                 _ => {}
+            }
+            if let Some(want) = expected.begin_answers_lost {
+                let lost = relay.answers_lost_for(&key);
+                if lost != want {
+                    say(format!("{lost} Begin answers lost, expected {want}"));
+                }
             }
             if (counts.requests, counts.effects) != (expected.requests, expected.effects) {
                 say(format!(

@@ -98,6 +98,9 @@ struct Final {
     row: Option<String>,
     requests: Option<u64>,
     effects: Option<u64>,
+    /// Checked by the harness (the relay's count), not by a runner.
+    #[allow(dead_code)]
+    begin_answers_lost: Option<u64>,
 }
 
 /// What the runner shares with every step: the journal client, HTTP, the URLs, and the

@@ -10,9 +10,10 @@
 
 import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { randomUUID } from "node:crypto";
 import type { SecureClientSessionOptions } from "node:http2";
 
-import { decodeError, isLostAnswer } from "./errors.js";
+import { decodeError, isLostAnswer, isLostBeginAnswer } from "./errors.js";
 import { jsonText, JsonValue } from "./json.js";
 import { execute, type ExecuteOptions, type Outcome, type ProviderCall, type ProviderResult } from "./execute.js";
 import {
@@ -32,6 +33,9 @@ export const DEFAULT_TIMEOUT_MS = 10_000;
  */
 export const DEFAULT_REPORT_RETRY_MS = 30_000;
 
+/** Milliseconds a Begin whose answer was lost is repeated for, unless the client says otherwise. */
+export const DEFAULT_BEGIN_RETRY_MS = 10_000;
+
 /** Options of every {@link JournalClient}, however it was built. */
 export interface ClientOptions {
   /**
@@ -47,6 +51,13 @@ export interface ClientOptions {
    * report with the record of the first, so repeating is always safe.
    */
   reportRetryMs?: number;
+  /**
+   * Milliseconds for which a Begin whose answer was lost (`UNAVAILABLE`, `CANCELLED`,
+   * `DEADLINE_EXCEEDED`) is repeated with the same attempt id, with the same backoff;
+   * default {@link DEFAULT_BEGIN_RETRY_MS}, 0 to never repeat. The journal answers the
+   * repeat with the lease it granted to the first, so the provider is still called once.
+   */
+  beginRetryMs?: number;
 }
 
 /** How {@link JournalClient.connect} reaches the server. */
@@ -80,6 +91,13 @@ export interface BeginRequest {
   references?: Record<string, string>;
   /** Proceed after `DECISION_DUPLICATE_INTENT_SUSPECTED`: this really is a new intent. */
   confirmDuplicateIntent?: boolean;
+  /**
+   * The id of this Begin intent: 16-64 characters of `[A-Za-z0-9_-]`. Absent: a new random
+   * UUID for each {@link JournalClient.begin} call (and one per {@link execute} call, kept
+   * for all its Begins). Pass your own only to repeat one intent's Begin yourself; never
+   * reuse one for another intent.
+   */
+  attemptId?: string;
 }
 
 /**
@@ -142,6 +160,8 @@ export class JournalClient {
   readonly timeoutMs: number;
   /** Milliseconds for which a report whose answer was lost is repeated (see {@link ClientOptions}). */
   readonly reportRetryMs: number;
+  /** Milliseconds for which a Begin whose answer was lost is repeated (see {@link ClientOptions}). */
+  readonly beginRetryMs: number;
   private readonly sessions: Http2SessionManager | undefined;
 
   /**
@@ -155,6 +175,7 @@ export class JournalClient {
     this.sessions = sessions;
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.reportRetryMs = options.reportRetryMs ?? DEFAULT_REPORT_RETRY_MS;
+    this.beginRetryMs = options.beginRetryMs ?? DEFAULT_BEGIN_RETRY_MS;
   }
 
   /**
@@ -181,20 +202,31 @@ export class JournalClient {
    * BeginOperation: registers the intent and, where the rules allow, claims a lease. The
    * response's `decision` says what to do (see {@link execute}).
    *
+   * Sent under `request.attemptId` (a new random UUID when absent). A Begin whose answer is
+   * lost (`UNAVAILABLE`, `CANCELLED`, `DEADLINE_EXCEEDED`: the journal may have granted a
+   * lease) is repeated with the same attempt id for up to {@link beginRetryMs}, with
+   * backoff; the journal answers the repeat with the lease it granted to the first, instead
+   * of `DECISION_IN_PROGRESS` against it.
+   *
    * @throws {IdempotencyKeyReusedError} the key is bound to another payload or action type.
-   * @throws {InvalidArgumentError} a malformed key, payload or field.
+   * @throws {InvalidArgumentError} a malformed key, payload, attempt id or field.
+   * @throws {JournalUnavailableError} no answer within {@link beginRetryMs}.
    */
   async begin(request: BeginRequest): Promise<BeginOperationResponse> {
-    return decoded(
-      this.journal.beginOperation({
-        namespace: request.namespace ?? "",
-        operationKey: request.operationKey,
-        actionType: request.actionType,
-        payloadJson: toJsonText(request.payload),
-        leaseSeconds: request.leaseSeconds ?? 0,
-        references: request.references ?? {},
-        confirmDuplicateIntent: request.confirmDuplicateIntent ?? false,
-      }, this.callOptions()),
+    const message = {
+      namespace: request.namespace ?? "",
+      operationKey: request.operationKey,
+      actionType: request.actionType,
+      payloadJson: toJsonText(request.payload),
+      leaseSeconds: request.leaseSeconds ?? 0,
+      references: request.references ?? {},
+      confirmDuplicateIntent: request.confirmDuplicateIntent ?? false,
+      attemptId: request.attemptId ?? randomUUID(),
+    };
+    return this.repeat(
+      () => this.journal.beginOperation(message, this.callOptions()),
+      this.beginRetryMs,
+      isLostBeginAnswer,
     );
   }
 
@@ -323,14 +355,26 @@ export class JournalClient {
    * half and all of that. Every other error, and the last lost one, is thrown decoded.
    */
   private async report<T>(send: () => Promise<T>): Promise<T> {
-    const deadline = Date.now() + this.reportRetryMs;
+    return this.repeat(send, this.reportRetryMs, isLostAnswer);
+  }
+
+  /**
+   * Runs `send`, repeating it unchanged while `lost` says its answer was lost, for up to
+   * `boundMs`, with the backoff of {@link report}.
+   */
+  private async repeat<T>(
+    send: () => Promise<T>,
+    boundMs: number,
+    lost: (error: unknown) => boolean,
+  ): Promise<T> {
+    const deadline = Date.now() + boundMs;
     for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
       try {
         return await send();
       } catch (error) {
         const decodedError = decodeError(error);
         const wait = delay / 2 + (Math.random() * delay) / 2;
-        if (!isLostAnswer(decodedError) || Date.now() + wait > deadline) {
+        if (!lost(decodedError) || Date.now() + wait > deadline) {
           throw decodedError;
         }
         await new Promise((resolve) => setTimeout(resolve, wait));

@@ -198,6 +198,16 @@ export function isLostAnswer(error: unknown): boolean {
   }
 }
 
+/**
+ * Whether a Begin may have been processed although its answer never came: `UNAVAILABLE`
+ * (a connection that cannot be made included), `CANCELLED` or `DEADLINE_EXCEEDED`. Such a
+ * Begin is repeated with the same attempt id ({@link JournalClient.begin}).
+ */
+export function isLostBeginAnswer(error: unknown): boolean {
+  const code = decodeError(error).code;
+  return code === Code.Unavailable || code === Code.Canceled || code === Code.DeadlineExceeded;
+}
+
 const SOCKET_CODES = /^(ECONN|EPIPE|ENOTCONN|EHOSTUNREACH|ENETUNREACH|ERR_HTTP2_(GOAWAY|STREAM|SESSION|INVALID_SESSION|PING))/;
 
 function hasSocketCause(error: unknown): boolean {

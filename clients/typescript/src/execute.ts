@@ -23,6 +23,7 @@
  * @module
  */
 
+import { randomUUID } from "node:crypto";
 import type { JournalClient, BeginRequest } from "./client.js";
 import { InvalidArgumentError, LeaseLostError } from "./errors.js";
 import { JsonValue } from "./json.js";
@@ -504,8 +505,12 @@ async function beginWaiting(
   const started = Date.now();
   const inProgressUntil = started + Math.max(0, options.inProgressWaitMs ?? 0);
   const settleUntil = started + Math.max(0, options.settleWaitMs ?? 0);
+  // One attempt id for every Begin of this call: it runs the provider at most once, after
+  // the one EXECUTE it receives, so a repeat that gets a lease back only ever stands in for
+  // an answer that never arrived.
+  const attempt = { ...request, attemptId: request.attemptId ?? randomUUID() };
   for (let step = 100; ; step = Math.min(step * 2, 2000)) {
-    const begin = await client.begin(request);
+    const begin = await client.begin(attempt);
     let wait: number;
     if (begin.decision === Decision.IN_PROGRESS) {
       const suggested = retryAfterMs(begin);

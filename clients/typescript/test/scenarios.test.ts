@@ -56,6 +56,8 @@ interface Final {
   error_code?: string;
   requests?: number;
   effects?: number;
+  /** Checked by the harness (the relay's count), not by this runner. */
+  begin_answers_lost?: number;
 }
 
 interface Scenario {

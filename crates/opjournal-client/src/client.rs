@@ -3,13 +3,14 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use backon::{ExponentialBuilder, Retryable as _};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
 use crate::auth::{BearerToken, InvalidToken};
 use crate::error::ClientError;
-use crate::intent::{Begun, Intent, Lease, required};
+use crate::intent::{AttemptId, Begun, Intent, Lease, required};
 use crate::proto::operation_journal_client::OperationJournalClient;
 use crate::proto::reconciler_client::ReconcilerClient;
 use crate::proto::{self, Operation};
@@ -24,6 +25,10 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// [`JournalClient::with_report_retry`] says otherwise: 30 seconds.
 pub const DEFAULT_REPORT_RETRY: Duration = Duration::from_secs(30);
 
+/// How long [`JournalClient::begin`] repeats a Begin whose answer was lost unless
+/// [`JournalClient::with_begin_retry`] says otherwise: 10 seconds.
+pub const DEFAULT_BEGIN_RETRY: Duration = Duration::from_secs(10);
+
 /// A client of the `OperationJournal` and `Reconciler` services on one channel.
 ///
 /// Every call carries a deadline (sent as `grpc-timeout`, and enforced here): without an
@@ -35,6 +40,7 @@ pub struct JournalClient {
     reconciler: ReconcilerClient<Authorized>,
     pub(crate) call_timeout: Duration,
     pub(crate) report_retry_for: Duration,
+    pub(crate) begin_retry_for: Duration,
 }
 
 impl JournalClient {
@@ -72,6 +78,7 @@ impl JournalClient {
             reconciler: ReconcilerClient::with_interceptor(channel, token),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             report_retry_for: DEFAULT_REPORT_RETRY,
+            begin_retry_for: DEFAULT_BEGIN_RETRY,
         }
     }
 
@@ -88,6 +95,14 @@ impl JournalClient {
     #[must_use]
     pub fn with_report_retry(mut self, bound: Duration) -> Self {
         self.report_retry_for = bound;
+        self
+    }
+
+    /// The same client repeating a Begin whose answer was lost for up to `bound` (default
+    /// [`DEFAULT_BEGIN_RETRY`]; zero sends each Begin once).
+    #[must_use]
+    pub fn with_begin_retry(mut self, bound: Duration) -> Self {
+        self.begin_retry_for = bound;
         self
     }
 
@@ -124,12 +139,57 @@ impl JournalClient {
         }
     }
 
-    /// `BeginOperation`: registers the intent or reads where it stands.
+    /// `BeginOperation`: registers the intent or reads where it stands, under a new random
+    /// [`AttemptId`] (see [`Self::begin_as`]).
     ///
     /// Errors: `ALREADY_EXISTS`/[`crate::ErrorReason::IdempotencyKeyReused`] for the same key
     /// with another payload or action type; `INVALID_ARGUMENT` with field violations for a
-    /// bad key, namespace, action type or payload; `UNAVAILABLE`/`STORE_UNAVAILABLE`.
+    /// bad key, namespace, action type or payload; `UNAVAILABLE`/`STORE_UNAVAILABLE` (or
+    /// `DEADLINE_EXCEEDED`, `CANCELLED`) when no try was answered within the retry bound.
     pub async fn begin(&self, intent: &Intent) -> Result<Begun, ClientError> {
+        self.begin_as(intent, &AttemptId::random()).await
+    }
+
+    /// `BeginOperation` under `attempt`. A Begin whose answer is lost (`UNAVAILABLE`,
+    /// `DEADLINE_EXCEEDED`, `CANCELLED`: the server may have granted a lease) is sent again
+    /// with the same attempt id, with backoff (100 ms doubling to 2 s, jittered), while the
+    /// client's Begin bound lasts ([`Self::with_begin_retry`], 10 s by default): the journal
+    /// answers such a repeat with the lease it granted to the first, so the caller still gets
+    /// `EXECUTE`, at the same attempt, rather than `IN_PROGRESS` against its own lease. Use
+    /// one attempt id per intent; reuse it only for repeats of the same Begin.
+    ///
+    /// Errors: as [`Self::begin`].
+    pub async fn begin_as(
+        &self,
+        intent: &Intent,
+        attempt: &AttemptId,
+    ) -> Result<Begun, ClientError> {
+        let started = Instant::now();
+        let bound = self.begin_retry_for;
+        (|| self.begin_once(intent, attempt))
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(100))
+                    .with_max_delay(Duration::from_secs(2))
+                    .with_total_delay(Some(bound))
+                    .without_max_times()
+                    .with_jitter(),
+            )
+            // No repeat starts once the bound has passed, however long each try took.
+            .when(|err| {
+                matches!(
+                    err.code,
+                    Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
+                ) && started.elapsed() < bound
+            })
+            .notify(|err, _| {
+                tracing::warn!(code = ?err.code, reason = %err.reason, "begin unanswered; repeating it with the same attempt id");
+            })
+            .await
+    }
+
+    /// One `BeginOperation` call.
+    async fn begin_once(&self, intent: &Intent, attempt: &AttemptId) -> Result<Begun, ClientError> {
         let request = self.request(proto::BeginOperationRequest {
             namespace: intent.namespace.clone(),
             operation_key: intent.operation_key.clone(),
@@ -140,6 +200,7 @@ impl JournalClient {
             }),
             references: intent.references.clone().into_iter().collect(),
             confirm_duplicate_intent: intent.confirm_duplicate_intent,
+            attempt_id: attempt.as_str().to_owned(),
         });
         let response = self
             .answer(self.journal.clone().begin_operation(request))

@@ -130,7 +130,9 @@ pub enum ErrorReason {
     LeaseLost,
     /// `ABORTED`: the row kept changing under concurrent claims; retry the same call.
     ConcurrentModification,
-    /// `FAILED_PRECONDITION`: another outcome was recorded for this attempt.
+    /// `FAILED_PRECONDITION`: the operation already holds another outcome, recorded by this
+    /// lease or, once it ended, by the reconcile worker or a reviewer (metadata `status`,
+    /// `recorded_by`).
     OutcomeAlreadyRecorded,
     /// `NOT_FOUND`: no such operation.
     OperationNotFound,
@@ -197,6 +199,8 @@ pub enum ErrorReason {
     InvalidReview,
     /// `INVALID_ARGUMENT`: the key does not match the action's `key_pattern`.
     KeyPatternMismatch,
+    /// `INVALID_ARGUMENT`: the Begin's attempt id is not 16-64 characters of `[A-Za-z0-9_-]`.
+    InvalidAttemptId,
     /// No `ErrorInfo`: the call failed in transport (unreachable server, no answer within
     /// the deadline, oversized message).
     Transport,
@@ -205,7 +209,7 @@ pub enum ErrorReason {
 }
 
 impl ErrorReason {
-    const NAMED: [(&'static str, ErrorReason); 36] = [
+    const NAMED: [(&'static str, ErrorReason); 37] = [
         ("IDEMPOTENCY_KEY_REUSED", Self::IdempotencyKeyReused),
         ("LEASE_LOST", Self::LeaseLost),
         ("CONCURRENT_MODIFICATION", Self::ConcurrentModification),
@@ -245,6 +249,7 @@ impl ErrorReason {
         ("INVALID_STATUS_FILTER", Self::InvalidStatusFilter),
         ("INVALID_REVIEW", Self::InvalidReview),
         ("KEY_PATTERN_MISMATCH", Self::KeyPatternMismatch),
+        ("INVALID_ATTEMPT_ID", Self::InvalidAttemptId),
     ];
 
     /// The reason as sent on the wire (`TRANSPORT` when there was no `ErrorInfo`).

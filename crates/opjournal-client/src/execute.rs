@@ -8,6 +8,10 @@
 //! - The lease is renewed while the provider call runs, so a long call is not taken over.
 //!   If a renewal is refused with `LEASE_LOST`, someone else now holds the operation: the
 //!   call sees it through [`ProviderCall::lease_lost`] and should stop if it still can.
+//! - A Begin whose answer was lost is sent again with the same attempt id (one random id per
+//!   `execute` call): the journal answers the repeat with the lease it already granted, so
+//!   the call still runs at that attempt instead of meeting its own lease as `IN_PROGRESS`
+//!   and, once it ended, needing verification of a call that never happened.
 //! - A report whose answer was lost (unreachable server, `CANCELLED`, a missed deadline) is
 //!   repeated with the same fencing token and the same outcome: the server answers a repeat
 //!   with the record it already holds, so repeating is safe, and giving up would leave an
@@ -25,7 +29,7 @@ use tonic::Code;
 use crate::client::JournalClient;
 use crate::error::{ClientError, ErrorReason};
 use crate::executed::Executed;
-use crate::intent::{Begun, Intent, Lease};
+use crate::intent::{AttemptId, Begun, Intent, Lease};
 use crate::proto::Operation;
 use crate::provider::ProviderOutcome;
 
@@ -267,17 +271,21 @@ impl JournalClient {
         }
     }
 
-    /// Begins `intent`, asking again while the answer is one `options` wait for.
+    /// Begins `intent`, asking again while the answer is one `options` wait for. Every
+    /// Begin of this call carries the same attempt id: the call runs the provider at most
+    /// once, after the one `EXECUTE` it receives, so a repeat that gets a lease back only
+    /// ever replaces an answer that never arrived.
     async fn begin_waiting(
         &self,
         intent: &Intent,
         options: &ExecuteOptions,
     ) -> Result<Begun, ClientError> {
         let started = Instant::now();
+        let attempt = AttemptId::random();
         let mut poll = FIRST_POLL;
         let mut previous = None;
         loop {
-            let begun = match (self.begin(intent).await, previous.take()) {
+            let begun = match (self.begin_as(intent, &attempt).await, previous.take()) {
                 (Ok(begun), _) => begun,
                 // While waiting, a Begin without an answer leaves the last answer standing.
                 (Err(err), Some(previous)) if err.is_transient() => previous,

@@ -69,6 +69,33 @@ impl Intent {
     }
 }
 
+/// The id of one Begin intent (`BeginOperationRequest.attempt_id`): a random UUID v4 (128
+/// bits, 122 of them random). Sent with the Begin and again, unchanged, on this client's own
+/// repeats of that Begin after its answer was lost, so that the journal answers the repeat
+/// with the lease it granted to the first one instead of `IN_PROGRESS` against it. Draw a new
+/// one for each intent: [`JournalClient::execute`] draws one per call. Like a lease token it
+/// is never shown in `Debug` output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AttemptId(String);
+
+impl AttemptId {
+    /// A new random attempt id.
+    pub fn random() -> Self {
+        Self(uuid::Uuid::new_v4().to_string())
+    }
+
+    /// The id as sent.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for AttemptId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AttemptId(<redacted>)")
+    }
+}
+
 /// A granted lease: the fencing token to report with, and the key for the provider.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Lease {
@@ -161,6 +188,19 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn attempt_ids_are_fresh_well_formed_and_never_shown() {
+        let (a, b) = (AttemptId::random(), AttemptId::random());
+        assert_ne!(a, b);
+        assert_eq!(a.as_str().len(), 36);
+        assert!(
+            a.as_str()
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() || c == b'-')
+        );
+        assert!(!format!("{a:?}").contains(a.as_str()));
+    }
 
     #[test]
     fn the_lease_token_never_shows_in_debug_output() {

@@ -46,11 +46,11 @@ pub mod proto;
 mod provider;
 
 pub use auth::{BearerToken, InvalidToken};
-pub use client::{DEFAULT_CALL_TIMEOUT, DEFAULT_REPORT_RETRY, JournalClient};
+pub use client::{DEFAULT_BEGIN_RETRY, DEFAULT_CALL_TIMEOUT, DEFAULT_REPORT_RETRY, JournalClient};
 pub use error::{ClientError, ErrorReason};
 pub use execute::{ExecuteOptions, ProviderCall, RESULT_REFUSED};
 pub use executed::Executed;
-pub use intent::{Begun, Intent, Lease};
+pub use intent::{AttemptId, Begun, Intent, Lease};
 pub use protect::Protected;
 pub use proto::Operation;
 pub use provider::{ProviderError, ProviderOutcome, ProviderSuccess, default_error_code};

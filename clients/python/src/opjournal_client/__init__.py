@@ -14,7 +14,12 @@ retry.
 * :mod:`opjournal_client.errors` maps every ``ErrorInfo.reason`` to an exception class.
 """
 
-from ._core import DEFAULT_REPORT_RETRY_SECONDS, DEFAULT_TIMEOUT_SECONDS, to_json_text
+from ._core import (
+    DEFAULT_BEGIN_RETRY_SECONDS,
+    DEFAULT_REPORT_RETRY_SECONDS,
+    DEFAULT_TIMEOUT_SECONDS,
+    to_json_text,
+)
 from .aio import AsyncJournalClient
 from .client import JournalClient
 from .decorator import (
@@ -73,6 +78,7 @@ from .outcomes import (
 __version__ = "0.2.0"
 
 __all__ = [
+    "DEFAULT_BEGIN_RETRY_SECONDS",
     "DEFAULT_REPORT_RETRY_SECONDS",
     "DEFAULT_TIMEOUT_SECONDS",
     "DOMAIN",

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Generator, Mapping, Optional, Union
 
@@ -47,9 +48,13 @@ DEFAULT_TIMEOUT_SECONDS = 10.0
 #: Seconds a report (Complete, Fail, ReportUnknown) whose answer was lost is repeated for.
 DEFAULT_REPORT_RETRY_SECONDS = 30.0
 
-#: The status codes after which a report may or may not have landed: it is repeated with
-#: the same token and outcome (the journal answers a repeated report with the same record).
-#: A connection that cannot be made is ``UNAVAILABLE`` too.
+#: Seconds ``execute`` repeats a Begin whose answer was lost, with the same attempt id.
+DEFAULT_BEGIN_RETRY_SECONDS = 10.0
+
+#: The status codes after which a report (or a Begin) may or may not have landed: it is
+#: repeated with the same token and outcome (the journal answers a repeated report with the
+#: same record), or, for a Begin, with the same attempt id (the journal answers it with the
+#: lease it granted to the first). A connection that cannot be made is ``UNAVAILABLE`` too.
 RETRIED_REPORT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
 )
@@ -112,6 +117,11 @@ def plain_result(result: Any) -> Any:
 # Requests, built once for both clients.
 
 
+def new_attempt_id() -> str:
+    """A new random attempt id for one Begin intent: a UUID v4 (36 characters)."""
+    return str(uuid.uuid4())
+
+
 def begin_request(
     operation_key: str,
     action_type: str,
@@ -121,8 +131,10 @@ def begin_request(
     lease_seconds: int = 0,
     references: Optional[Mapping[str, str]] = None,
     confirm_duplicate_intent: bool = False,
+    attempt_id: Optional[str] = None,
 ) -> pb.BeginOperationRequest:
-    """The BeginOperation request (``payload`` through :func:`to_json_text`)."""
+    """The BeginOperation request (``payload`` through :func:`to_json_text`), under
+    ``attempt_id`` (a new :func:`new_attempt_id` when ``None``)."""
     return pb.BeginOperationRequest(
         namespace=namespace,
         operation_key=operation_key,
@@ -131,6 +143,7 @@ def begin_request(
         lease_seconds=lease_seconds,
         references=dict(references or {}),
         confirm_duplicate_intent=confirm_duplicate_intent,
+        attempt_id=new_attempt_id() if attempt_id is None else attempt_id,
     )
 
 
@@ -304,13 +317,20 @@ class ExecuteOptions:
 def _report(method: str, request: Any, retry_seconds: float) -> Generator[Step, Any, pb.Operation]:
     """Sends a report, repeating it with the same token and outcome while its answer is lost
     (:data:`RETRIED_REPORT_CODES`), with backoff, for up to ``retry_seconds``."""
+    response = yield from _repeated(method, request, retry_seconds)
+    operation: pb.Operation = response.operation
+    return operation
+
+
+def _repeated(method: str, request: Any, retry_seconds: float) -> Generator[Step, Any, Any]:
+    """Sends ``request``, repeating it unchanged while its answer is lost
+    (:data:`RETRIED_REPORT_CODES`), with backoff, for up to ``retry_seconds``; returns the
+    response."""
     started = time.monotonic()
     delay = _FIRST_DELAY
     while True:
         try:
-            response = yield Rpc(method, request)
-            operation: pb.Operation = response.operation
-            return operation
+            return (yield Rpc(method, request))
         except OpjournalError as error:
             elapsed = time.monotonic() - started
             if error.code not in RETRIED_REPORT_CODES or elapsed + delay > retry_seconds:
@@ -322,12 +342,29 @@ def _report(method: str, request: Any, retry_seconds: float) -> Generator[Step, 
             delay = min(delay * 2, _MAX_DELAY)
 
 
-def plan(begin: pb.BeginOperationRequest, options: ExecuteOptions, report_retry_seconds: float) -> Plan:
-    """``execute`` as a sequence of steps; returns the :data:`Outcome`."""
+def plan(
+    begin: pb.BeginOperationRequest,
+    options: ExecuteOptions,
+    report_retry_seconds: float,
+    begin_retry_seconds: float = DEFAULT_BEGIN_RETRY_SECONDS,
+) -> Plan:
+    """``execute`` as a sequence of steps; returns the :data:`Outcome`.
+
+    Every Begin of the plan carries the attempt id of ``begin`` (one is drawn when it has
+    none): the plan calls the provider at most once, after the one EXECUTE it receives, so a
+    repeat that gets a lease back only ever stands in for an answer that never arrived. A
+    Begin whose answer is lost is repeated for up to ``begin_retry_seconds``."""
+    if not begin.attempt_id:
+        with_attempt = pb.BeginOperationRequest()
+        with_attempt.CopyFrom(begin)
+        with_attempt.attempt_id = new_attempt_id()
+        begin = with_attempt
     started = time.monotonic()
     in_progress_delay = settle_delay = _FIRST_DELAY * 2
     while True:
-        answer: pb.BeginOperationResponse = yield Rpc("BeginOperation", begin)
+        answer: pb.BeginOperationResponse = yield from _repeated(
+            "BeginOperation", begin, begin_retry_seconds
+        )
         operation = answer.operation
         decision = answer.decision
         if decision == pb.DECISION_REPLAY:

@@ -21,7 +21,11 @@ from opjournal.v1 import journal_pb2 as pb
 from opjournal.v1 import journal_pb2_grpc as pb_grpc
 
 from . import _core
-from ._core import DEFAULT_REPORT_RETRY_SECONDS, DEFAULT_TIMEOUT_SECONDS
+from ._core import (
+    DEFAULT_BEGIN_RETRY_SECONDS,
+    DEFAULT_REPORT_RETRY_SECONDS,
+    DEFAULT_TIMEOUT_SECONDS,
+)
 from .client import channel_options
 from .errors import LeaseLostError, OpjournalError, decode_error
 from .execute import _legacy_classifier
@@ -47,6 +51,8 @@ class AsyncJournalClient:
         timeout: seconds each call may take (the gRPC deadline); every call has one.
         report_retry_seconds: how long :func:`execute` repeats a report whose answer was
             lost (``UNAVAILABLE``, ``CANCELLED``, ``DEADLINE_EXCEEDED``).
+        begin_retry_seconds: how long :func:`execute` repeats a Begin whose answer was
+            lost (the same codes), with the same attempt id.
     """
 
     def __init__(
@@ -56,6 +62,7 @@ class AsyncJournalClient:
         token: Optional[str] = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         report_retry_seconds: float = DEFAULT_REPORT_RETRY_SECONDS,
+        begin_retry_seconds: float = DEFAULT_BEGIN_RETRY_SECONDS,
     ) -> None:
         self._channel = channel
         self._metadata: tuple[tuple[str, str], ...] = (
@@ -64,6 +71,8 @@ class AsyncJournalClient:
         self._timeout = timeout
         #: Seconds :func:`execute` repeats a report whose answer was lost.
         self.report_retry_seconds = report_retry_seconds
+        #: Seconds ``execute`` repeats a Begin whose answer was lost (same attempt id).
+        self.begin_retry_seconds = begin_retry_seconds
         #: The generated OperationJournal stub on the asyncio channel.
         self.journal = pb_grpc.OperationJournalStub(channel)
         #: The generated Reconciler stub on the asyncio channel.
@@ -81,6 +90,7 @@ class AsyncJournalClient:
         certificate_chain: Optional[bytes] = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         report_retry_seconds: float = DEFAULT_REPORT_RETRY_SECONDS,
+        begin_retry_seconds: float = DEFAULT_BEGIN_RETRY_SECONDS,
         options: Sequence[tuple[str, Any]] = (),
     ) -> "AsyncJournalClient":
         """Opens a ``grpc.aio`` channel to ``target`` (``host:port``); TLS as for
@@ -97,7 +107,11 @@ class AsyncJournalClient:
         else:
             channel = grpc.aio.insecure_channel(target, options=channel_options(options))
         return cls(
-            channel, token=token, timeout=timeout, report_retry_seconds=report_retry_seconds
+            channel,
+            token=token,
+            timeout=timeout,
+            report_retry_seconds=report_retry_seconds,
+            begin_retry_seconds=begin_retry_seconds,
         )
 
     async def close(self) -> None:
@@ -132,6 +146,7 @@ class AsyncJournalClient:
         lease_seconds: int = 0,
         references: Optional[Mapping[str, str]] = None,
         confirm_duplicate_intent: bool = False,
+        attempt_id: Optional[str] = None,
     ) -> pb.BeginOperationResponse:
         """BeginOperation (see :meth:`opjournal_client.JournalClient.begin`)."""
         request = _core.begin_request(
@@ -142,6 +157,7 @@ class AsyncJournalClient:
             lease_seconds=lease_seconds,
             references=references,
             confirm_duplicate_intent=confirm_duplicate_intent,
+            attempt_id=attempt_id,
         )
         response: pb.BeginOperationResponse = await self._call(self.journal.BeginOperation, request)
         return response
@@ -416,5 +432,5 @@ async def execute(
         references=references,
         confirm_duplicate_intent=confirm_duplicate_intent,
     )
-    steps = _core.plan(begin, options, client.report_retry_seconds)
+    steps = _core.plan(begin, options, client.report_retry_seconds, client.begin_retry_seconds)
     return await run_plan(client, steps, call)

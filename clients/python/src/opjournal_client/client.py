@@ -15,13 +15,24 @@ from opjournal.v1 import journal_pb2 as pb
 from opjournal.v1 import journal_pb2_grpc as pb_grpc
 
 from . import _core
-from ._core import DEFAULT_REPORT_RETRY_SECONDS, DEFAULT_TIMEOUT_SECONDS, to_json_text
+from ._core import (
+    DEFAULT_BEGIN_RETRY_SECONDS,
+    DEFAULT_REPORT_RETRY_SECONDS,
+    DEFAULT_TIMEOUT_SECONDS,
+    to_json_text,
+)
 from .errors import decode_error
 
 if TYPE_CHECKING:
     from .outcomes import Classifier, Outcome, ProviderCall, ProviderResult
 
-__all__ = ["DEFAULT_REPORT_RETRY_SECONDS", "DEFAULT_TIMEOUT_SECONDS", "JournalClient", "to_json_text"]
+__all__ = [
+    "DEFAULT_BEGIN_RETRY_SECONDS",
+    "DEFAULT_REPORT_RETRY_SECONDS",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "JournalClient",
+    "to_json_text",
+]
 
 _Response = TypeVar("_Response")
 
@@ -55,6 +66,9 @@ class JournalClient:
         report_retry_seconds: how long ``execute`` repeats a report (Complete, Fail,
             ReportUnknown) whose answer was lost (``UNAVAILABLE``, ``CANCELLED``,
             ``DEADLINE_EXCEEDED``), with the same token and outcome, with backoff.
+        begin_retry_seconds: how long ``execute`` repeats a Begin whose answer was lost
+            (the same codes), with the same attempt id, with backoff: the journal answers
+            the repeat with the lease it granted, so the provider is still called once.
     """
 
     def __init__(
@@ -64,6 +78,7 @@ class JournalClient:
         token: Optional[str] = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         report_retry_seconds: float = DEFAULT_REPORT_RETRY_SECONDS,
+        begin_retry_seconds: float = DEFAULT_BEGIN_RETRY_SECONDS,
     ) -> None:
         self._channel = channel
         self._metadata: tuple[tuple[str, str], ...] = (
@@ -72,6 +87,8 @@ class JournalClient:
         self._timeout = timeout
         #: Seconds ``execute`` repeats a report whose answer was lost.
         self.report_retry_seconds = report_retry_seconds
+        #: Seconds ``execute`` repeats a Begin whose answer was lost (same attempt id).
+        self.begin_retry_seconds = begin_retry_seconds
         #: The generated OperationJournal stub, for calls this class does not wrap.
         self.journal = pb_grpc.OperationJournalStub(channel)
         #: The generated Reconciler stub, for calls this class does not wrap.
@@ -89,6 +106,7 @@ class JournalClient:
         certificate_chain: Optional[bytes] = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         report_retry_seconds: float = DEFAULT_REPORT_RETRY_SECONDS,
+        begin_retry_seconds: float = DEFAULT_BEGIN_RETRY_SECONDS,
         options: Sequence[tuple[str, Any]] = (),
     ) -> "JournalClient":
         """Opens a channel to ``target`` (``host:port``).
@@ -107,7 +125,13 @@ class JournalClient:
             channel = grpc.secure_channel(target, credentials, options=channel_options(options))
         else:
             channel = grpc.insecure_channel(target, options=channel_options(options))
-        return cls(channel, token=token, timeout=timeout, report_retry_seconds=report_retry_seconds)
+        return cls(
+            channel,
+            token=token,
+            timeout=timeout,
+            report_retry_seconds=report_retry_seconds,
+            begin_retry_seconds=begin_retry_seconds,
+        )
 
     def close(self) -> None:
         """Closes the channel."""
@@ -141,6 +165,7 @@ class JournalClient:
         lease_seconds: int = 0,
         references: Optional[Mapping[str, str]] = None,
         confirm_duplicate_intent: bool = False,
+        attempt_id: Optional[str] = None,
     ) -> pb.BeginOperationResponse:
         """BeginOperation: registers the intent and, where the rules allow, claims a lease.
 
@@ -148,11 +173,17 @@ class JournalClient:
         :func:`to_json_text` serializes. Only its SHA-256 (RFC 8785 canonical form) is
         stored. ``lease_seconds`` 0 means the action's default.
 
+        ``attempt_id`` names this Begin intent (16-64 characters of ``[A-Za-z0-9_-]``; a
+        new random UUID when ``None``, ``""`` for none): send the same one when you repeat
+        this Begin because its answer was lost, and the journal answers with the lease it
+        granted to the first instead of ``DECISION_IN_PROGRESS``. Never reuse one for
+        another intent. This method sends the Begin once; :func:`execute` repeats it.
+
         Returns the response; its ``decision`` says what to do (see :func:`execute`).
 
         Raises:
             IdempotencyKeyReusedError: the key is bound to another payload or action type.
-            InvalidArgumentError: a malformed key, payload or field.
+            InvalidArgumentError: a malformed key, payload, attempt id or field.
         """
         request = _core.begin_request(
             operation_key,
@@ -162,6 +193,7 @@ class JournalClient:
             lease_seconds=lease_seconds,
             references=references,
             confirm_duplicate_intent=confirm_duplicate_intent,
+            attempt_id=attempt_id,
         )
         response: pb.BeginOperationResponse = self._call(self.journal.BeginOperation, request)
         return response

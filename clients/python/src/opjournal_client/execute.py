@@ -288,7 +288,10 @@ def execute(
 
     Reports whose answer is lost (``UNAVAILABLE``, ``CANCELLED``, ``DEADLINE_EXCEEDED``,
     a connection that cannot be made) are repeated with the same token and outcome, with
-    backoff, for up to the client's ``report_retry_seconds`` (30 s by default).
+    backoff, for up to the client's ``report_retry_seconds`` (30 s by default). A Begin
+    whose answer is lost is repeated the same way with the same attempt id (one random id
+    per ``execute`` call), for up to ``begin_retry_seconds`` (10 s): the journal answers
+    the repeat with the lease it granted, so the provider is called once, at that attempt.
 
     Raises:
         IdempotencyKeyReusedError: the key is bound to another payload or action type; the

@@ -134,7 +134,7 @@ class Operation(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., operation_key: _Optional[str] = ..., action_type: _Optional[str] = ..., request_hash: _Optional[str] = ..., status: _Optional[_Union[OperationStatus, str]] = ..., attempt_count: _Optional[int] = ..., external_id: _Optional[str] = ..., result_json: _Optional[str] = ..., error_code: _Optional[str] = ..., lease_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., references: _Optional[_Mapping[str, str]] = ..., next_check_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reconcile_attempts: _Optional[int] = ..., review_required_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., review_reason: _Optional[str] = ..., provider_key: _Optional[str] = ...) -> None: ...
 
 class BeginOperationRequest(_message.Message):
-    __slots__ = ("namespace", "operation_key", "action_type", "payload_json", "lease_seconds", "references", "confirm_duplicate_intent")
+    __slots__ = ("namespace", "operation_key", "action_type", "payload_json", "lease_seconds", "references", "confirm_duplicate_intent", "attempt_id")
     class ReferencesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class BeginOperationRequest(_message.Message):
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REFERENCES_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_DUPLICATE_INTENT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     operation_key: str
     action_type: str
@@ -156,7 +157,8 @@ class BeginOperationRequest(_message.Message):
     lease_seconds: int
     references: _containers.ScalarMap[str, str]
     confirm_duplicate_intent: bool
-    def __init__(self, namespace: _Optional[str] = ..., operation_key: _Optional[str] = ..., action_type: _Optional[str] = ..., payload_json: _Optional[str] = ..., lease_seconds: _Optional[int] = ..., references: _Optional[_Mapping[str, str]] = ..., confirm_duplicate_intent: _Optional[bool] = ...) -> None: ...
+    attempt_id: str
+    def __init__(self, namespace: _Optional[str] = ..., operation_key: _Optional[str] = ..., action_type: _Optional[str] = ..., payload_json: _Optional[str] = ..., lease_seconds: _Optional[int] = ..., references: _Optional[_Mapping[str, str]] = ..., confirm_duplicate_intent: _Optional[bool] = ..., attempt_id: _Optional[str] = ...) -> None: ...
 
 class BeginOperationResponse(_message.Message):
     __slots__ = ("decision", "operation", "lease_token", "retry_after", "duplicate_of_operation_key")
