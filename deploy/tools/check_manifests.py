@@ -272,9 +272,6 @@ def check_documents(overlay: str, docs: list[dict], policy_bin: str | None = Non
     configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     pods = []  # (owner, pod labels)
     problems.extend(custom_resources.validate(docs))
-    custom = [name(d) for d in docs if custom_resources.has_schema(d)]
-    if custom:
-        print(f"  custom resources, against deploy/tools/schemas: {', '.join(custom)}")
     check_monitoring(docs, {name(d): d["spec"]["template"] for d in docs
                             if d["kind"] in WORKLOADS})
 
@@ -401,6 +398,9 @@ def main() -> int:
         print(f"{args.rendered}: no resources rendered")
         return 1
     found = check_documents(args.overlay, docs, args.policy_bin)
+    custom = [name(d) for d in docs if custom_resources.has_schema(d)]
+    if custom:
+        print(f"  custom resources, against deploy/tools/schemas: {', '.join(custom)}")
     print(f"  Secrets referenced (created outside this tree): {', '.join(secrets_referenced(docs))}")
     for p in found:
         print(f"FAILED {args.overlay}: {p}")
