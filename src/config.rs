@@ -59,7 +59,8 @@ pub struct Config {
     /// Reconcile worker: the admin HTTP address serving Prometheus metrics at `/metrics`.
     pub reconciler_metrics_listen: SocketAddr,
     /// Reconcile worker: seconds between samples of the backlog gauges (unknown operations,
-    /// the oldest one's age, the review queue); one indexed query per sample.
+    /// the oldest one's age, those past their deadline, the review queue and its longest
+    /// wait); one indexed query per sample.
     pub backlog_sample_seconds: f64,
     /// Reconcile worker: seconds between purges of operations past retention.
     pub purge_interval_seconds: f64,

@@ -1936,6 +1936,87 @@ async fn backlog_stats_count_unknown_and_review_and_age_the_oldest(f: &Fixture) 
     assert_eq!(old.status, Status::Unknown);
 }
 
+/// The deadline gauges: unknown operations past their recorded policy's
+/// `unknown_after_seconds` and not yet in review, by how far; and how long the review queue's
+/// longest waiter has waited.
+async fn backlog_stats_find_operations_past_their_deadline_and_the_longest_review_wait(
+    f: &Fixture,
+) {
+    let empty = f.store.backlog_stats().await.unwrap();
+    assert_eq!(
+        (empty.overdue, empty.most_overdue, empty.oldest_review_age),
+        (0, None, None)
+    );
+    let under =
+        |deadline: serde_json::Value| serde_json::json!({ "unknown_after_seconds": deadline });
+    for (key, policy, unknown_for) in [
+        ("overdue-40", under(60.into()), 100),
+        ("overdue-400", under(600.into()), 1000),
+        ("in-time", under(600.into()), 100),
+        ("no-deadline", serde_json::json!({}), 5000),
+        ("null-deadline", under(serde_json::Value::Null), 5000),
+        ("in-review", under(60.into()), 9000),
+    ] {
+        let mut new = new_operation(key, LEASE);
+        new.action_policy = policy;
+        let record = inserted(f.store.register(&new).await.unwrap()).unwrap();
+        f.store
+            .settle(&token(&record), &timed_out())
+            .await
+            .unwrap()
+            .unwrap();
+        f.execute(
+            &format!(
+                "UPDATE agent_operations \
+                 SET unknown_since = now() - interval '{unknown_for} seconds' \
+                 WHERE operation_key = '{key}'"
+            ),
+            &format!(
+                "UPDATE agent_operations SET unknown_since = \
+                 strftime('%Y-%m-%dT%H:%M:%fZ', unknown_since, '-{unknown_for} seconds') \
+                 WHERE operation_key = '{key}'"
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    // Past its deadline too, but a reviewer has it: counted by the review gauges instead.
+    let in_review = f.get("in-review").await;
+    f.store
+        .resolve(
+            &in_review,
+            &Resolution::Escalate {
+                reason: "unresolved_after_deadline".into(),
+            },
+            &Attribution::worker("w", "escalated"),
+            Lookup::NotMade,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    f.execute(
+        "UPDATE agent_operations SET review_required_at = now() - interval '50 seconds' \
+         WHERE operation_key = 'in-review'",
+        "UPDATE agent_operations SET review_required_at = \
+         strftime('%Y-%m-%dT%H:%M:%fZ', review_required_at, '-50 seconds') \
+         WHERE operation_key = 'in-review'",
+    )
+    .await
+    .unwrap();
+
+    let stats = f.store.backlog_stats().await.unwrap();
+    assert_eq!(
+        (stats.unknown, stats.review_queue, stats.overdue),
+        (6, 1, 2)
+    );
+    let most = stats.most_overdue.unwrap();
+    assert!(most >= Duration::from_secs(400), "{most:?}");
+    assert!(most < Duration::from_secs(500), "{most:?}");
+    let waited = stats.oldest_review_age.unwrap();
+    assert!(waited >= Duration::from_secs(50), "{waited:?}");
+    assert!(waited < Duration::from_secs(3600), "{waited:?}");
+}
+
 async fn the_registering_trace_context_is_kept_in_its_w3c_form_only(f: &Fixture) {
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let mut new = new_operation("traced", LEASE);
@@ -2138,6 +2219,7 @@ conformance!(
     fifty_concurrent_begins_of_one_new_key_execute_once,
     migrations_apply_again_without_change,
     backlog_stats_count_unknown_and_review_and_age_the_oldest,
+    backlog_stats_find_operations_past_their_deadline_and_the_longest_review_wait,
     the_registering_trace_context_is_kept_in_its_w3c_form_only,
     a_registration_answers_the_existing_row_and_changes_nothing,
     concurrent_registrations_of_one_key_insert_once,

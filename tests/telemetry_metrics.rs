@@ -202,6 +202,9 @@ async fn the_scrape_endpoint_exposes_every_metric_with_its_unit_and_labels(pool:
         ("opjournal_unknown_operations", "gauge"),
         ("opjournal_unknown_oldest_age_seconds", "gauge"),
         ("opjournal_review_queue_size", "gauge"),
+        ("opjournal_review_oldest_age_seconds", "gauge"),
+        ("opjournal_unknown_overdue_operations", "gauge"),
+        ("opjournal_unknown_overdue_max_seconds", "gauge"),
     ] {
         assert_eq!(
             metric_type(&text, family).as_deref(),
@@ -318,6 +321,10 @@ async fn the_scrape_endpoint_exposes_every_metric_with_its_unit_and_labels(pool:
     assert_eq!(get("opjournal_unknown_operations", &[]), 2.0);
     assert_eq!(get("opjournal_review_queue_size", &[]), 1.0);
     assert!(get("opjournal_unknown_oldest_age_seconds", &[]) >= 0.0);
+    assert!(get("opjournal_review_oldest_age_seconds", &[]) >= 0.0);
+    // Neither action has an unknown_after_seconds: nothing is past a deadline.
+    assert_eq!(get("opjournal_unknown_overdue_operations", &[]), 0.0);
+    assert_eq!(get("opjournal_unknown_overdue_max_seconds", &[]), 0.0);
 
     // Store errors, by operation and error type.
     assert_eq!(
@@ -360,6 +367,9 @@ async fn the_scrape_endpoint_exposes_every_metric_with_its_unit_and_labels(pool:
         "opjournal_unknown_operations",
         "opjournal_unknown_oldest_age_seconds",
         "opjournal_review_queue_size",
+        "opjournal_review_oldest_age_seconds",
+        "opjournal_unknown_overdue_operations",
+        "opjournal_unknown_overdue_max_seconds",
     ] {
         assert_eq!(value(&s, gauge, &[]), None, "{gauge}\n{text}");
     }

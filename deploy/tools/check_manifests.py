@@ -2,7 +2,9 @@
 right port and health entry, a grace period that covers the drain, the metrics port and its
 scrape annotations, the security context, the image's binaries, Secrets referenced, never
 written, and who may reach the server (check_security.py: authentication, TLS,
-NetworkPolicies).
+NetworkPolicies). Custom resources are validated against the schemas in deploy/tools/schemas,
+and the monitoring component's PodMonitor and PrometheusRule against the pods and
+deploy/monitoring.
 
     python check_manifests.py OVERLAY_NAME RENDERED.yaml [--dockerfile Dockerfile]
                               [--policy-bin OPJOURNAL_BINARY]
@@ -21,6 +23,7 @@ import tempfile
 
 import yaml
 
+import custom_resources
 from check_security import check_security, health_port
 
 # The binaries the Dockerfile puts into the image (there is no shell); --dockerfile reads them
@@ -36,6 +39,9 @@ RECOMMENDED = ("app.kubernetes.io/name", "app.kubernetes.io/instance",
                "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by")
 WORKLOADS = ("Deployment", "Job")
 SECRET_LIKE = re.compile(r"(DATABASE_URL|TOKEN|PASSWORD|SECRET|KEY)$")
+# The alerting rules' source: a PrometheusRule must carry exactly its groups.
+RULES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "monitoring",
+                          "rules.yaml")
 
 problems: list[str] = []
 
@@ -203,6 +209,41 @@ def check_reconciler(where: str, pod: dict) -> None:
         problem(where, "OPJOURNAL_DATABASE_URL must come from a Secret")
 
 
+def check_monitoring(docs: list, pod_templates: dict) -> None:
+    """The monitoring component: its PodMonitor scrapes the metrics port of the server's and
+    the worker's pods, and its PrometheusRule carries deploy/monitoring/rules.yaml."""
+    for doc in docs:
+        where = name(doc)
+        if doc["kind"] == "PodMonitor":
+            spec = doc["spec"]
+            selector = spec["selector"].get("matchLabels", {})
+            scraped = {owner: t for owner, t in pod_templates.items()
+                       if matches(selector, t["metadata"].get("labels", {}))}
+            components = {t["metadata"]["labels"].get("app.kubernetes.io/component")
+                          for t in scraped.values()}
+            if not {"server", "reconciler"} <= components:
+                problem(where, f"selects the pods of {sorted(scraped) or 'nothing'}, not "
+                        "both the server's and the reconciler's")
+            for endpoint in spec.get("podMetricsEndpoints", []):
+                for owner, template in scraped.items():
+                    if template["metadata"]["labels"].get(
+                            "app.kubernetes.io/component") not in ("server", "reconciler"):
+                        continue
+                    ports = {p.get("name") for c in template["spec"]["containers"]
+                             for p in c.get("ports", [])}
+                    if endpoint.get("port") not in ports:
+                        problem(where, f"endpoint port {endpoint.get('port')!r} is not a "
+                                f"container port of {owner}")
+                if endpoint.get("path", "/metrics") != "/metrics":
+                    problem(where, "the metrics are served at /metrics")
+        if doc["kind"] == "PrometheusRule":
+            with open(RULES_FILE) as f:
+                rules = yaml.safe_load(f)
+            if doc["spec"].get("groups") != rules["groups"]:
+                problem(where, "spec.groups differ from deploy/monitoring/rules.yaml: run "
+                        "scripts/check-monitoring --write")
+
+
 def check_policies(configmaps: dict, binary: str) -> None:
     """Runs `opjournal check-config` on every policy file held in a ConfigMap."""
     for cm_name, cm in configmaps.items():
@@ -230,6 +271,9 @@ def check_documents(overlay: str, docs: list[dict], policy_bin: str | None = Non
     problems.clear()
     configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     pods = []  # (owner, pod labels)
+    problems.extend(custom_resources.validate(docs))
+    check_monitoring(docs, {name(d): d["spec"]["template"] for d in docs
+                            if d["kind"] in WORKLOADS})
 
     for doc in docs:
         where = name(doc)
@@ -354,6 +398,9 @@ def main() -> int:
         print(f"{args.rendered}: no resources rendered")
         return 1
     found = check_documents(args.overlay, docs, args.policy_bin)
+    custom = [name(d) for d in docs if custom_resources.has_schema(d)]
+    if custom:
+        print(f"  custom resources, against deploy/tools/schemas: {', '.join(custom)}")
     print(f"  Secrets referenced (created outside this tree): {', '.join(secrets_referenced(docs))}")
     for p in found:
         print(f"FAILED {args.overlay}: {p}")

@@ -174,6 +174,34 @@ class Prod(unittest.TestCase):
             policy(docs, "opjournal-reconciler")["ingress"] = []
         self.assertRefused(worker_unscraped, "the metrics scraper is not admitted")
 
+    def test_custom_resources_follow_their_schemas(self) -> None:
+        def misspelt_field(docs):
+            find(docs, "PodMonitor", "opjournal")["spec"]["podMetricsEndpoints"][0][
+                "scrapeTimout"] = "10s"
+        self.assertRefused(misspelt_field, "'scrapeTimout' was unexpected")
+
+        def bad_duration(docs):
+            find(docs, "PrometheusRule", "opjournal")["spec"]["groups"][0]["rules"][0][
+                "for"] = "1 minute"
+        self.assertRefused(bad_duration, "'1 minute' does not match")
+
+    def test_the_pod_monitor_scrapes_the_metrics_port_of_both_kinds_of_pod(self) -> None:
+        def server_only(docs):
+            find(docs, "PodMonitor", "opjournal")["spec"]["selector"]["matchLabels"][
+                "app.kubernetes.io/component"] = "server"
+        self.assertRefused(server_only, "not both the server's and the reconciler's")
+
+        def another_port(docs):
+            find(docs, "PodMonitor", "opjournal")["spec"]["podMetricsEndpoints"][0][
+                "port"] = "grpc-metrics"
+        self.assertRefused(another_port, "'grpc-metrics' is not a container port")
+
+    def test_the_prometheus_rule_carries_the_rules_file(self) -> None:
+        def edited(docs):
+            rule = find(docs, "PrometheusRule", "opjournal")["spec"]["groups"][0]["rules"][0]
+            rule["labels"]["severity"] = "info"
+        self.assertRefused(edited, "differ from deploy/monitoring/rules.yaml")
+
 
 class Elsewhere(unittest.TestCase):
     def test_the_rendered_base_and_dev_pass(self) -> None:

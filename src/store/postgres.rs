@@ -65,6 +65,7 @@ impl Dialect for Pg {
             "text" => format!("{arg}::text"),
             "dbnow" => "now()".to_owned(),
             "age" => format!("EXTRACT(EPOCH FROM now() - {arg})::float8"),
+            "policy" => format!("(action_policy ->> '{arg}')::float8"),
             other => panic!("unknown statement token {other}"),
         }
     }

@@ -855,9 +855,11 @@ impl<D: Dialect> JournalMaintenance for SqlStore<D> {
         let stats = async {
             let row = self.row::<BacklogRow>(&self.statements.backlog_stats, Vec::new());
             let row = row.await?.ok_or_else(|| corrupt("backlog"))?;
-            let (unknown, oldest, review) =
-                (row.unknown, row.oldest_unknown_seconds, row.review_queue);
-            Ok(BacklogStats::from_columns(unknown, oldest, review))
+            Ok(BacklogStats::from_columns(
+                (row.unknown, row.oldest_unknown_seconds),
+                (row.review_queue, row.oldest_review_seconds),
+                (row.overdue, row.most_overdue_seconds),
+            ))
         };
         self.run(&self.statements.backlog_stats, stats).await
     }
@@ -983,6 +985,9 @@ struct BacklogRow {
     unknown: i64,
     oldest_unknown_seconds: Option<f64>,
     review_queue: i64,
+    oldest_review_seconds: Option<f64>,
+    overdue: i64,
+    most_overdue_seconds: Option<f64>,
 }
 
 #[derive(Debug, sqlx::FromRow)]

@@ -83,6 +83,7 @@ impl Dialect for Lite {
             "age" => format!(
                 "(julianday(strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) - julianday({arg})) * 86400.0"
             ),
+            "policy" => format!("CAST(json_extract(action_policy, '$.{arg}') AS REAL)"),
             other => panic!("unknown statement token {other}"),
         }
     }

@@ -46,6 +46,9 @@ struct Instruments {
     _unknown: ObservableGauge<u64>,
     _oldest_unknown: ObservableGauge<f64>,
     _review_queue: ObservableGauge<u64>,
+    _oldest_review: ObservableGauge<f64>,
+    _overdue: ObservableGauge<u64>,
+    _most_overdue: ObservableGauge<f64>,
 }
 
 /// The latest backlog reading and when it was taken.
@@ -53,6 +56,16 @@ struct Instruments {
 struct BacklogSample {
     stats: BacklogStats,
     taken: Instant,
+}
+
+impl BacklogSample {
+    /// `age` as read, advanced by the process's clock since the sample, in seconds; 0 for
+    /// `None` (nothing to age).
+    fn age(&self, age: Option<Duration>) -> f64 {
+        age.map(|age| age + self.taken.elapsed())
+            .unwrap_or_default()
+            .as_secs_f64()
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -83,6 +96,9 @@ impl Metrics {
         let unknown = read(&backlog);
         let oldest = read(&backlog);
         let review = read(&backlog);
+        let oldest_review = read(&backlog);
+        let overdue = read(&backlog);
+        let most_overdue = read(&backlog);
         Self {
             inner: Arc::new(Instruments {
                 rpc_duration: meter
@@ -165,12 +181,7 @@ impl Metrics {
                     )
                     .with_callback(move |gauge| {
                         if let Some(sample) = oldest() {
-                            let age = sample
-                                .stats
-                                .oldest_unknown_age
-                                .map(|age| age + sample.taken.elapsed())
-                                .unwrap_or_default();
-                            gauge.observe(age.as_secs_f64(), &[]);
+                            gauge.observe(sample.age(sample.stats.oldest_unknown_age), &[]);
                         }
                     })
                     .build(),
@@ -181,6 +192,45 @@ impl Metrics {
                     .with_callback(move |gauge| {
                         if let Some(sample) = review() {
                             gauge.observe(sample.stats.review_queue, &[]);
+                        }
+                    })
+                    .build(),
+                _oldest_review: meter
+                    .f64_observable_gauge("opjournal.review.oldest_age")
+                    .with_unit("s")
+                    .with_description(
+                        "How long the operation longest in the review queue has waited for a \
+                         reviewer; 0 when the queue is empty",
+                    )
+                    .with_callback(move |gauge| {
+                        if let Some(sample) = oldest_review() {
+                            gauge.observe(sample.age(sample.stats.oldest_review_age), &[]);
+                        }
+                    })
+                    .build(),
+                _overdue: meter
+                    .u64_observable_gauge("opjournal.unknown.overdue.operations")
+                    .with_unit("{operation}")
+                    .with_description(
+                        "Unknown operations not waiting for review whose action's \
+                         unknown_after_seconds has passed (sampled)",
+                    )
+                    .with_callback(move |gauge| {
+                        if let Some(sample) = overdue() {
+                            gauge.observe(sample.stats.overdue, &[]);
+                        }
+                    })
+                    .build(),
+                _most_overdue: meter
+                    .f64_observable_gauge("opjournal.unknown.overdue.max")
+                    .with_unit("s")
+                    .with_description(
+                        "How far past its action's unknown_after_seconds the most overdue \
+                         unknown operation not waiting for review is; 0 when none is",
+                    )
+                    .with_callback(move |gauge| {
+                        if let Some(sample) = most_overdue() {
+                            gauge.observe(sample.age(sample.stats.most_overdue), &[]);
                         }
                     })
                     .build(),
@@ -346,22 +396,40 @@ pub struct BacklogStats {
     pub oldest_unknown_age: Option<Duration>,
     /// Operations waiting for human review (`review_required_at` set).
     pub review_queue: u64,
+    /// How long the operation longest in the review queue has waited (since
+    /// `review_required_at`), by the database clock; `None` when the queue is empty.
+    pub oldest_review_age: Option<Duration>,
+    /// Unknown operations not waiting for review whose deadline has passed: they became
+    /// unknown longer ago than their recorded policy's `unknown_after_seconds` (operations of
+    /// actions without one never count).
+    pub overdue: u64,
+    /// How far past its deadline the most overdue of those is; `None` when none is.
+    pub most_overdue: Option<Duration>,
 }
 
 impl BacklogStats {
-    /// From the backlog statement's three columns: counts, and the oldest unknown operation's
-    /// age in seconds (`None` when none is unknown; a clock step may make it slightly negative).
+    /// From the backlog statement's columns, three pairs of a count and the largest age in
+    /// seconds among those counted: unknown operations and the oldest one's age, the review
+    /// queue and its longest wait, overdue operations and the largest overrun. An age is
+    /// `None` when nothing is counted; a clock step may make it slightly negative (read as 0).
     pub fn from_columns(
-        unknown: i64,
-        oldest_unknown_seconds: Option<f64>,
-        review_queue: i64,
+        (unknown, oldest_unknown_seconds): (i64, Option<f64>),
+        (review_queue, oldest_review_seconds): (i64, Option<f64>),
+        (overdue, most_overdue_seconds): (i64, Option<f64>),
     ) -> Self {
-        Self {
-            unknown: u64::try_from(unknown).unwrap_or(0),
-            oldest_unknown_age: oldest_unknown_seconds
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let age = |seconds: Option<f64>| {
+            seconds
                 .filter(|s| s.is_finite())
-                .map(|s| Duration::from_secs_f64(s.max(0.0))),
-            review_queue: u64::try_from(review_queue).unwrap_or(0),
+                .map(|s| Duration::from_secs_f64(s.max(0.0)))
+        };
+        Self {
+            unknown: count(unknown),
+            oldest_unknown_age: age(oldest_unknown_seconds),
+            review_queue: count(review_queue),
+            oldest_review_age: age(oldest_review_seconds),
+            overdue: count(overdue),
+            most_overdue: age(most_overdue_seconds),
         }
     }
 }
