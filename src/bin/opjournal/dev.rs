@@ -90,7 +90,7 @@ fn loopback(flag: &str, address: SocketAddr) -> anyhow::Result<()> {
     if !address.ip().is_loopback() {
         bail!(
             "{flag} {address}: `opjournal dev` listens on loopback addresses only (127.0.0.1, \
-             ::1); to serve other hosts, run `opjournal serve` with tokens (docs/security.md)"
+             ::1); to serve other hosts, run `opjournal serve` with tokens (docs/configuration.md)"
         );
     }
     Ok(())
@@ -184,8 +184,10 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
         .check_claim_hold(&app::load_policy(&config)?)
         .map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
     let mut options = app::serve_options(&config, &Metrics::disabled())?;
-    // Loopback only: the API needs no token, as `serve` without tokens.
+    // Loopback only: the API needs no token and speaks plaintext, whatever OPJOURNAL_*
+    // variables say about tokens and TLS.
     options.auth = Authenticator::disabled();
+    options.tls = None;
 
     let shutdown = app::shutdown_on_signals();
     let sandbox = tokio::spawn(
