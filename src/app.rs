@@ -13,6 +13,7 @@ use crate::domain::derived_key::{KeyDeriver, SecretTooShort};
 use crate::domain::policy::{Policy, PolicyError};
 use crate::journal::{Journal, RequestLimits};
 use crate::reconcile::adapter::AdapterError;
+use crate::reconcile::worker::{Worker, WorkerConfig};
 use crate::reconcile::{AdapterSet, Reconciler};
 use crate::store::{JournalStore, StoreError};
 pub mod database;
@@ -133,6 +134,22 @@ pub fn components_with_telemetry(
         store,
         database,
     }
+}
+
+/// The reconcile worker over `reconciler`, with the `reconcile_*` and `purge_*` settings of
+/// the configuration (the `opjournal-reconciler` binary and `opjournal dev` run it).
+pub fn worker(config: &Config, reconciler: Reconciler) -> Worker {
+    Worker::new(
+        reconciler,
+        WorkerConfig {
+            poll_interval: Config::seconds(config.reconcile_poll_seconds),
+            batch_size: config.reconcile_batch_size,
+            concurrency: config.reconcile_concurrency,
+            claim_hold: Config::seconds(config.reconcile_claim_hold_seconds),
+            purge_interval: Config::seconds(config.purge_interval_seconds),
+            purge_batch_size: config.purge_batch_size,
+        },
+    )
 }
 
 /// The server's settings from the configuration: lifecycle, bearer tokens (with those of

@@ -12,7 +12,6 @@ use clap::Parser;
 use opjournal::cli::CommonFlags;
 use opjournal::config::Backend;
 use opjournal::config::Config;
-use opjournal::reconcile::worker::{Worker, WorkerConfig};
 use opjournal::telemetry::Telemetry;
 use opjournal::{api, app};
 use serde::Serialize;
@@ -66,17 +65,7 @@ async fn run(cli: &Cli, config: &Config, telemetry: &Telemetry) -> anyhow::Resul
             .await
             .context("prepare the journal file")?;
     }
-    let worker = Worker::new(
-        parts.reconciler.clone(),
-        WorkerConfig {
-            poll_interval: Config::seconds(config.reconcile_poll_seconds),
-            batch_size: config.reconcile_batch_size,
-            concurrency: config.reconcile_concurrency,
-            claim_hold: Config::seconds(config.reconcile_claim_hold_seconds),
-            purge_interval: Config::seconds(config.purge_interval_seconds),
-            purge_batch_size: config.purge_batch_size,
-        },
-    );
+    let worker = app::worker(config, parts.reconciler.clone());
     let policy = app::load_policy(config)?;
     worker
         .check_claim_hold(&policy)

@@ -1,7 +1,9 @@
 //! `opjournal demo`: the source article's seven-step reproducible check, live, against real
 //! processes — the server, the sandbox provider and the reconcile worker, each on a free
 //! local port — printing each step, what the journal holds and the provider's effect count.
-//! The verdict rests on the provider's count, not on any answer text.
+//! With `--against`, it runs against a stand that is already running (`opjournal dev`, or a
+//! server, worker and sandbox started by hand) instead. The verdict rests on the provider's
+//! count, not on any answer text.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -21,11 +23,21 @@ const KEY: &str = "payment:order-817:intent-01";
 pub struct DemoFlags {
     /// Keep the journal on this database instead of a throwaway embedded file
     /// (`postgres://…` or `sqlite://…`). The demo then works in a namespace of its own.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "against")]
     database_url: Option<String>,
+    /// Start nothing: run against the server already listening at this gRPC address
+    /// (`host:port` or `http://host:port`, e.g. what `opjournal dev` prints), whose reconcile
+    /// worker looks `create_payment` up at the sandbox of `--sandbox-url`. The demo works in a
+    /// namespace of its own, so it can run again and again.
+    #[arg(long, value_name = "ADDRESS", requires = "sandbox_url")]
+    against: Option<String>,
+    /// The sandbox provider of the stand given by `--against` (`http://host:port`).
+    #[arg(long, value_name = "URL", requires = "against")]
+    sandbox_url: Option<String>,
     /// How long the sandbox provider's search lags behind its writes, in seconds. Above
-    /// `--reconcile-wait-seconds`, step 5 cannot hold and the demo fails.
-    #[arg(long, default_value_t = 0.0)]
+    /// `--reconcile-wait-seconds`, step 5 cannot hold and the demo fails. Not with
+    /// `--against` (the running sandbox keeps its own setting).
+    #[arg(long, default_value_t = 0.0, conflicts_with = "against")]
     lookup_lag_seconds: f64,
     /// How long step 5 waits for the reconcile worker to settle the operation, in seconds.
     #[arg(long, default_value_t = 20)]
@@ -59,9 +71,11 @@ pub async fn run(flags: DemoFlags) -> anyhow::Result<ExitCode> {
         }
         Err(err) => {
             println!("\nVerdict: FAILED — {err:#}");
-            println!("Logs of the processes: {}", dir.display());
-            // Keep what explains the failure.
-            let _ = workdir.keep();
+            if flags.against.is_none() {
+                println!("Logs of the processes: {}", dir.display());
+                // Keep what explains the failure.
+                let _ = workdir.keep();
+            }
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -82,13 +96,21 @@ struct Demo {
     step: u8,
 }
 
+/// A namespace of the demo's own, so that its key is new in a journal that outlives it.
+fn own_namespace() -> String {
+    format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+}
+
 impl Demo {
     async fn start(flags: &DemoFlags, dir: &Path) -> anyhow::Result<Self> {
+        if let (Some(address), Some(sandbox_url)) = (&flags.against, &flags.sandbox_url) {
+            return Self::against(flags, address, sandbox_url).await;
+        }
         let (database_url, journal, namespace) = match &flags.database_url {
             Some(url) => (
                 url.clone(),
                 "the database you gave".to_owned(),
-                format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+                own_namespace(),
             ),
             None => {
                 let file = dir.join("journal.db");
@@ -179,6 +201,34 @@ impl Demo {
         let client = JournalClient::connect(&format!("http://{server_addr}")).await?;
         Ok(Self {
             processes,
+            client,
+            sandbox_url,
+            http: reqwest::Client::new(),
+            namespace,
+            reconcile_wait: Duration::from_secs(flags.reconcile_wait_seconds),
+            step: 0,
+        })
+    }
+
+    /// Connects to a running stand; starts nothing.
+    async fn against(flags: &DemoFlags, address: &str, sandbox_url: &str) -> anyhow::Result<Self> {
+        let endpoint = if address.contains("://") {
+            address.to_owned()
+        } else {
+            format!("http://{address}")
+        };
+        let sandbox_url = sandbox_url.trim_end_matches('/').to_owned();
+        let namespace = own_namespace();
+        println!("opjournal demo: the seven-step check of the source article, live.\n");
+        println!("  server      {endpoint}  (already running)");
+        println!("  provider    {sandbox_url}  (already running)");
+        println!("  namespace   {namespace}");
+        println!();
+        let client = JournalClient::connect(&endpoint)
+            .await
+            .with_context(|| format!("cannot connect to {endpoint}"))?;
+        Ok(Self {
+            processes: Vec::new(),
             client,
             sandbox_url,
             http: reqwest::Client::new(),

@@ -14,6 +14,7 @@ use opjournal::{api, app, ops};
 use tokio_util::sync::CancellationToken;
 
 mod demo;
+mod dev;
 
 #[derive(Parser)]
 #[command(
@@ -29,8 +30,13 @@ struct Cli {
 enum Command {
     /// Serve the OperationJournal and Reconciler gRPC services.
     Serve(ServeFlags),
+    /// Run everything in one process for local development: the server, the reconcile
+    /// worker and the sandbox provider on an embedded journal, on loopback only; prints the
+    /// addresses, a Python snippet and the demo command.
+    Dev(dev::DevFlags),
     /// Run the source article's seven-step check live: server, sandbox provider and
-    /// reconcile worker on free local ports; exit code 0 only if every step holds.
+    /// reconcile worker on free local ports (or, with `--against`, an already running
+    /// stand such as `opjournal dev`); exit code 0 only if every step holds.
     Demo(demo::DemoFlags),
     /// Create the database (Postgres) or the journal file (SQLite) if missing and apply
     /// migrations, then exit.
@@ -77,6 +83,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(flags) => serve(flags).await.map(|()| ExitCode::SUCCESS),
+        Command::Dev(flags) => dev::run(flags).await.map(|()| ExitCode::SUCCESS),
         Command::Demo(flags) => demo::run(flags).await,
         Command::Migrate(flags) => {
             let config = Config::load(flags.config.as_ref(), &flags)?;

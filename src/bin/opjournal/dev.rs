@@ -1,0 +1,267 @@
+//! `opjournal dev`: the whole stand in one process for local development — the gRPC
+//! server, the reconcile worker and the sandbox provider, on an embedded SQLite journal in a
+//! data directory, on loopback addresses only. It prints the addresses, a Python snippet to
+//! paste and the command that runs the seven-step check against it, then runs until SIGTERM
+//! or Ctrl-C, when every part stops.
+//!
+//! The gRPC API is unauthenticated here (loopback only, as `serve` without tokens).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use opjournal::api::Authenticator;
+use opjournal::app;
+use opjournal::config::{Config, LogFormat};
+use opjournal::telemetry::{LogOptions, Metrics, Telemetry};
+use opjournal_sandbox::{Sandbox, SandboxConfig};
+use serde::Serialize;
+use tokio::net::TcpListener;
+
+/// How often the worker polls in dev mode, in seconds: an unknown outcome settles within
+/// about a second.
+const POLL_SECONDS: f64 = 0.5;
+
+/// How long the sandbox stalls a `commit-then-timeout` request before it answers.
+const SANDBOX_HANG: Duration = Duration::from_secs(5);
+
+/// Flags of `opjournal dev`.
+#[derive(Debug, clap::Args)]
+pub struct DevFlags {
+    /// Directory of the embedded journal (`journal.db`) and of the generated policy
+    /// (`policy.yaml`); created if missing. The journal survives restarts.
+    #[arg(long, default_value = "opjournal-dev-data")]
+    data_dir: PathBuf,
+    /// Start with an empty journal: delete the journal file of the data directory first.
+    #[arg(long)]
+    fresh: bool,
+    /// gRPC listen address (loopback only; port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// Sandbox provider listen address (loopback only; port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    sandbox_listen: SocketAddr,
+    /// Use this action policy file (YAML) instead of the generated one, which configures
+    /// `create_payment` reconciled through the sandbox provider and accepts every other action
+    /// type with the defaults.
+    #[arg(long = "policy")]
+    policy_file: Option<PathBuf>,
+    /// Log format (logs go to standard error; `RUST_LOG` filters them, default `warn`).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+/// The settings `dev` imposes over the defaults and the `OPJOURNAL_*` variables.
+#[derive(Serialize)]
+struct DevSettings {
+    database_url: String,
+    policy_file: PathBuf,
+    listen: SocketAddr,
+    reconcile_poll_seconds: f64,
+}
+
+/// The Python snippet `dev` prints: the README's decorator example, `{address}` being the
+/// gRPC address.
+const PYTHON_SNIPPET: &str = r#"python3 -m venv .venv && .venv/bin/pip install --quiet ./clients/python
+.venv/bin/python - <<'PY'
+from opjournal_client import IdempotencyKeyReusedError, JournalClient, current_call, idempotent
+
+journal = JournalClient.connect("{address}")
+charges = []                                  # stands in for your payment provider
+
+@idempotent(journal, action_type="create_payment",
+            key=lambda order_id, **_: f"payment:order-{order_id}:intent-01")  # your code's key, never a model's
+def create_payment(order_id: str, amount_minor: int, currency: str) -> dict:
+    charges.append(current_call().provider_key)  # call the provider with this idempotency key
+    return {"id": f"pay_{len(charges)}", "status": "succeeded"}
+
+print(create_payment("815", 1000, "EUR"))     # runs once: {'id': 'pay_1', 'status': 'succeeded'}
+print(create_payment("815", 1000, "EUR"))     # replays the stored result; the function is not called
+try:
+    create_payment("815", 2000, "EUR")        # the same intent with another amount
+except IdempotencyKeyReusedError as error:
+    print(error.reason)                       # IDEMPOTENCY_KEY_REUSED; not called either
+print("provider calls:", len(charges))         # provider calls: 1
+PY"#;
+
+/// Refuses an address other hosts could reach.
+fn loopback(flag: &str, address: SocketAddr) -> anyhow::Result<()> {
+    if !address.ip().is_loopback() {
+        bail!(
+            "{flag} {address}: `opjournal dev` listens on loopback addresses only (127.0.0.1, \
+             ::1); to serve other hosts, run `opjournal serve` with tokens (docs/configuration.md)"
+        );
+    }
+    Ok(())
+}
+
+/// Binds `address`, naming the flag when it cannot.
+async fn bind(flag: &str, address: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("{flag} {address}: cannot listen (another process on it?)"))?;
+    let bound = listener.local_addr()?;
+    Ok((listener, bound))
+}
+
+/// Deletes the journal file and its SQLite companions (`-wal`, `-shm`), if present.
+fn delete_journal(file: &Path) -> anyhow::Result<()> {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = file.as_os_str().to_owned();
+        name.push(suffix);
+        match std::fs::remove_file(&name) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                return Err(error)
+                    .with_context(|| format!("--fresh: cannot delete {}", file.display()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs every part until SIGTERM or Ctrl-C.
+pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
+    loopback("--listen", flags.listen)?;
+    loopback("--sandbox-listen", flags.sandbox_listen)?;
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| "warn".to_owned());
+    let _ = Telemetry::disabled().install(LogOptions {
+        filter,
+        ..LogOptions::from_env(flags.log_format)
+    });
+    app::install_crypto_provider();
+
+    std::fs::create_dir_all(&flags.data_dir)
+        .with_context(|| format!("cannot create {}", flags.data_dir.display()))?;
+    let journal_file = flags.data_dir.join("journal.db");
+    if flags.fresh {
+        delete_journal(&journal_file)?;
+    }
+
+    // Every address is bound before anything starts, so a busy port stops nothing half-way.
+    let (grpc_listener, grpc_address) = bind("--listen", flags.listen).await?;
+    let (sandbox_listener, sandbox_address) =
+        bind("--sandbox-listen", flags.sandbox_listen).await?;
+    let sandbox_url = format!("http://{sandbox_address}");
+
+    let policy_file = match &flags.policy_file {
+        Some(file) => file.clone(),
+        None => {
+            let file = flags.data_dir.join("policy.yaml");
+            let yaml = format!(
+                "{}# Every other action type, with the defaults (no lookup: an unknown outcome \
+                 goes to review).\ndefault_action: {{}}\n",
+                opjournal::children::payments_policy_yaml(
+                    &sandbox_url,
+                    "`opjournal dev` at each start; edits are lost, use `--policy FILE`"
+                )
+            );
+            std::fs::write(&file, yaml)
+                .with_context(|| format!("cannot write {}", file.display()))?;
+            file
+        }
+    };
+    let config = Config::load(
+        None,
+        DevSettings {
+            database_url: format!("sqlite://{}", journal_file.display()),
+            policy_file: policy_file.clone(),
+            listen: grpc_address,
+            reconcile_poll_seconds: POLL_SECONDS,
+        },
+    )?;
+    let parts = app::build(&config, &Metrics::disabled())?;
+    app::prepare_database(&config.database_url, &parts.database)
+        .await
+        .context("prepare the journal file")?;
+    let worker = app::worker(&config, parts.reconciler.clone());
+    worker
+        .check_claim_hold(&app::load_policy(&config)?)
+        .map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
+    let mut options = app::serve_options(&config, &Metrics::disabled())?;
+    // Loopback only: the API needs no token and speaks plaintext, whatever OPJOURNAL_*
+    // variables say about tokens and TLS.
+    options.auth = Authenticator::disabled();
+    options.tls = None;
+
+    let shutdown = app::shutdown_on_signals();
+    let sandbox = tokio::spawn(
+        Sandbox::new(SandboxConfig {
+            lookup_lag: Duration::ZERO,
+            hang: SANDBOX_HANG,
+        })
+        .serve(sandbox_listener, shutdown.clone().cancelled_owned()),
+    );
+    let reconcile = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { worker.run(shutdown).await }
+    });
+    let server = tokio::spawn(opjournal::api::serve_with_health(
+        parts.journal.clone(),
+        parts.reconciler.clone(),
+        grpc_listener,
+        None,
+        options,
+        shutdown.clone(),
+    ));
+
+    announce_stand(
+        &flags,
+        grpc_address,
+        &sandbox_url,
+        &journal_file,
+        &policy_file,
+    );
+
+    let served = server.await.context("the gRPC server panicked")?;
+    // A server that stopped on an error takes the other parts down with it.
+    shutdown.cancel();
+    let sandboxed = sandbox.await.context("the sandbox provider panicked")?;
+    reconcile.await.context("the reconcile worker panicked")?;
+    parts.database.close().await;
+    served.context("the gRPC server stopped")?;
+    sandboxed.context("the sandbox provider stopped")?;
+    app::announce("opjournal dev stopped");
+    Ok(())
+}
+
+/// Prints what runs where and how to use it.
+fn announce_stand(
+    flags: &DevFlags,
+    grpc_address: SocketAddr,
+    sandbox_url: &str,
+    journal_file: &Path,
+    policy_file: &Path,
+) {
+    let fresh = if flags.fresh { ", started empty" } else { "" };
+    let lines = [
+        "opjournal dev: server, reconcile worker and sandbox provider in one process.".to_owned(),
+        String::new(),
+        format!("  gRPC API     {grpc_address}  (no token needed; loopback only)"),
+        format!("  sandbox      {sandbox_url}  (fake payment and e-mail provider)"),
+        format!("  reconciler   polling every {POLL_SECONDS} s"),
+        format!(
+            "  journal      {}  (embedded SQLite{fresh})",
+            journal_file.display()
+        ),
+        format!("  policy       {}", policy_file.display()),
+        String::new(),
+        "Protect a function from Python (from the repository's root):".to_owned(),
+        String::new(),
+        PYTHON_SNIPPET.replace("{address}", &grpc_address.to_string()),
+        String::new(),
+        "Run the source article's seven-step check against this stand:".to_owned(),
+        String::new(),
+        format!(
+            "  cargo run --release -- demo --against {grpc_address} --sandbox-url {sandbox_url}"
+        ),
+        String::new(),
+        "opjournal dev ready; Ctrl-C stops it.".to_owned(),
+    ];
+    app::announce(&lines.join("\n"));
+}
