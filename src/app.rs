@@ -7,6 +7,7 @@ use sqlx::migrate::MigrateDatabase as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::tls::{self, ServerTlsFiles, TlsError};
+use crate::api::console::{self, ConsoleAccess, ConsoleOptions};
 use crate::api::{Authenticator, ServeOptions};
 use crate::config::{Config, ConfigError, LogFormat};
 use crate::domain::derived_key::{KeyDeriver, SecretTooShort};
@@ -302,6 +303,60 @@ pub async fn serve_metrics(
     });
     tracing::info!(address = %bound, "serving Prometheus metrics at /metrics");
     Ok(Some((bound, task)))
+}
+
+/// The review console's settings from the configuration: sign-in by the configured tokens
+/// (or by name when there are none), HTTPS with the server's certificate files when it has
+/// them.
+///
+/// Errors: invalid tokens, or an unusable certificate file (naming the setting).
+pub fn console_options(config: &Config) -> Result<ConsoleOptions, StartError> {
+    let access = ConsoleAccess::from_registry(config.token_registry()?);
+    let tls = match (&config.tls_cert_file, &config.tls_key_file) {
+        (Some(cert_file), Some(key_file)) => Some(tls::https_config(&ServerTlsFiles {
+            cert_file: cert_file.clone(),
+            key_file: key_file.clone(),
+            client_ca_file: config.tls_client_ca_file.clone(),
+        })?),
+        _ => None,
+    };
+    Ok(ConsoleOptions::new(access, tls, config.max_result_bytes))
+}
+
+/// Serves the review console of `parts` on `address` until `shutdown`; returns its URL
+/// (port 0 picks one) and the server's task.
+///
+/// Errors: the address cannot be bound.
+pub fn serve_console(
+    parts: &Components,
+    address: std::net::SocketAddr,
+    options: ConsoleOptions,
+    shutdown: CancellationToken,
+) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
+    let listener = std::net::TcpListener::bind(address)?;
+    let bound = listener.local_addr()?;
+    let scheme = if options.tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{bound}/");
+    match &options.access {
+        ConsoleAccess::Tokens(registry) => tracing::info!(
+            address = %bound,
+            tokens = registry.len(),
+            "serving the review console (sign-in by bearer token)"
+        ),
+        ConsoleAccess::Open => tracing::warn!(
+            address = %bound,
+            "serving the review console without tokens: whoever reaches it may resolve \
+             operations in every namespace"
+        ),
+    }
+    let (journal, reconciler) = (parts.journal.clone(), parts.reconciler.clone());
+    let task = tokio::spawn(async move {
+        if let Err(error) = console::serve(journal, reconciler, listener, options, shutdown).await
+        {
+            tracing::error!(error = %error, "the review console failed");
+        }
+    });
+    Ok((url, task))
 }
 
 /// Writes one line to standard output for whoever started a long-running process (its
