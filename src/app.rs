@@ -6,8 +6,8 @@ use std::sync::Arc;
 use sqlx::migrate::MigrateDatabase as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::tls::{self, ServerTlsFiles, TlsError};
 use crate::api::console::{self, ConsoleAccess, ConsoleOptions};
+use crate::api::tls::{self, ServerTlsFiles, TlsError};
 use crate::api::{Authenticator, ServeOptions};
 use crate::config::{Config, ConfigError, LogFormat};
 use crate::domain::derived_key::{KeyDeriver, SecretTooShort};
@@ -335,7 +335,11 @@ pub fn serve_console(
 ) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
     let listener = std::net::TcpListener::bind(address)?;
     let bound = listener.local_addr()?;
-    let scheme = if options.tls.is_some() { "https" } else { "http" };
+    let scheme = if options.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let url = format!("{scheme}://{bound}/");
     match &options.access {
         ConsoleAccess::Tokens(registry) => tracing::info!(
@@ -351,8 +355,7 @@ pub fn serve_console(
     }
     let (journal, reconciler) = (parts.journal.clone(), parts.reconciler.clone());
     let task = tokio::spawn(async move {
-        if let Err(error) = console::serve(journal, reconciler, listener, options, shutdown).await
-        {
+        if let Err(error) = console::serve(journal, reconciler, listener, options, shutdown).await {
             tracing::error!(error = %error, "the review console failed");
         }
     });

@@ -612,7 +612,10 @@ mod tests {
     fn the_console_is_off_by_default_and_open_only_on_loopback_without_tokens() {
         assert_eq!(load("").unwrap().console_listen, None);
         let loopback = load("console_listen = \"127.0.0.1:0\"\n").unwrap();
-        assert_eq!(loopback.console_listen, Some(SocketAddr::from(([127, 0, 0, 1], 0))));
+        assert_eq!(
+            loopback.console_listen,
+            Some(SocketAddr::from(([127, 0, 0, 1], 0)))
+        );
         let err = load("console_listen = \"0.0.0.0:8080\"\n").unwrap_err();
         assert!(err.to_string().contains("console_listen"), "{err}");
         let allowed = "console_listen = \"0.0.0.0:8080\"\ninsecure_allow_unauthenticated = true\n";

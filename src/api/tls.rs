@@ -152,9 +152,9 @@ pub fn https_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>,
             let ca = Pem::read(setting, ca_file)?;
             let mut store = RootCertStore::empty();
             for cert in ca.certificates(setting, ca_file)? {
-                store
-                    .add(cert)
-                    .map_err(|e| TlsError::new(setting, ca_file, format!("not a usable CA: {e}")))?;
+                store.add(cert).map_err(|e| {
+                    TlsError::new(setting, ca_file, format!("not a usable CA: {e}"))
+                })?;
             }
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(store),

@@ -34,6 +34,7 @@ use crate::journal::Journal;
 use crate::reconcile::Reconciler;
 pub use session::ConsoleAccess;
 use session::Sessions;
+pub use view::operation_href;
 
 /// How long a signed-in session lasts without requests, by default.
 pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(30 * 60);

@@ -74,9 +74,9 @@ fn refused(session: &Session, error: AccessError) -> Response {
                 roles.join(" or ")
             )
         }
-        AccessError::NamespaceNotAllowed { namespace } => format!(
-            "Your token does not allow the namespace {namespace}. Nothing was changed."
-        ),
+        AccessError::NamespaceNotAllowed { namespace } => {
+            format!("Your token does not allow the namespace {namespace}. Nothing was changed.")
+        }
         other => format!("{other}. Nothing was changed."),
     };
     view::error_page(
@@ -389,8 +389,10 @@ pub async fn resolve(
                 title: "Not resolved: this operation changed while your page was open".into(),
                 text: format!(
                     "Your page showed it unknown at attempt {expected}; it is now {status} at \
-                     attempt {attempt_count}.{last} Nothing was applied. Read its current state \
-                     and history below before deciding again."
+                     attempt {attempt_count}.{last} Nothing was applied (your reason was \
+                     \u{201c}{}\u{201d}). Read its current state and history below before \
+                     deciding again.",
+                    form.reason.trim()
                 ),
             });
             page.values = values;

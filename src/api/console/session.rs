@@ -117,7 +117,9 @@ impl Session {
     pub fn may_review(&self) -> bool {
         match &self.caller {
             Caller::Anyone => true,
-            Caller::Principal(p) => p.roles.contains(&Role::Reviewer) || p.roles.contains(&Role::Admin),
+            Caller::Principal(p) => {
+                p.roles.contains(&Role::Reviewer) || p.roles.contains(&Role::Admin)
+            }
         }
     }
 

@@ -56,7 +56,11 @@ pub trait Page: Template + Sized {
                 .into_response(),
             Err(error) => {
                 tracing::error!(%error, "a console page failed to render");
-                (StatusCode::INTERNAL_SERVER_ERROR, "the page failed to render").into_response()
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the page failed to render",
+                )
+                    .into_response()
             }
         }
     }
