@@ -352,7 +352,7 @@ async fn pages_show_what_the_journal_stores_and_never_the_payload(pool: PgPool) 
     for shown in [
         "send_email",
         "order_id",
-        "C-42",
+        "C-817",
         "no_lookup; escalated:no_provider_lookup",
         "worker worker-a",
         "registered",
@@ -395,7 +395,7 @@ async fn search_finds_operations_by_key_external_id_or_business_reference(pool: 
         "by=key&q=email%3Aorder-817%3Ashipped-v1",
         "by=external_id&q=em_1",
         "by=reference&q=order_id%3D817",
-        "by=reference&q=case.id%3DC-42",
+        "by=reference&q=case.id%3DC-817",
     ] {
         let page = visitor
             .get(&format!("/search?namespace=shop&{query}"))
@@ -406,7 +406,7 @@ async fn search_finds_operations_by_key_external_id_or_business_reference(pool: 
         "by=key&q=email%3Aorder-818",
         "by=external_id&q=em_2",
         "by=reference&q=order_id%3D81",
-        "by=reference&q=case%3DC-42",
+        "by=reference&q=case%3DC-817",
     ] {
         let page = visitor
             .get(&format!("/search?namespace=shop&{query}"))

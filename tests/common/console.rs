@@ -135,16 +135,22 @@ impl ConsoleApp {
         key: &str,
         token: Option<&str>,
     ) -> Result<opjournal::proto::BeginOperationResponse, tonic::Status> {
+        // `email:order-817:...` is about order 817.
+        let order = key
+            .split(':')
+            .nth(1)
+            .unwrap_or(key)
+            .trim_start_matches("order-");
         let request = BeginOperationRequest {
             namespace: SHOP.into(),
             operation_key: key.into(),
             action_type: "send_email".into(),
             payload_json: format!(
-                r#"{{"template":"order-shipped","order":"817","note":"{PAYLOAD_MARKER}"}}"#
+                r#"{{"template":"order-shipped","order":"{order}","note":"{PAYLOAD_MARKER}"}}"#
             ),
             references: [
-                ("order_id".to_owned(), "817".to_owned()),
-                ("case.id".to_owned(), "C-42".to_owned()),
+                ("order_id".to_owned(), order.to_owned()),
+                ("case.id".to_owned(), format!("C-{order}")),
             ]
             .into(),
             ..Default::default()

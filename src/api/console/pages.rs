@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tonic::Code;
 
 use super::Console;
-use super::session::{Session, SignedIn, check_csrf};
+use super::session::{Session, SignedIn, csrf_refusal};
 use super::view::{
     self, Banner, EventView, OperationPage, Page, QueuePage, ResolveValues, Row, SearchPage,
     encode, operation_href,
@@ -47,17 +47,20 @@ fn default_namespace(session: &Session) -> String {
         .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
 }
 
-/// Checks that the session may call `rpc` in `namespace`, as the gRPC handler does.
-fn allow(session: &Session, rpc: Rpc, namespace: &str) -> Result<(), Response> {
-    session
-        .caller
-        .authorize(rpc)
-        .map_err(|e| refused(session, e))?;
-    let namespace = Namespace::parse(namespace).map_err(|e| journal_error(session, e))?;
-    session
-        .caller
-        .authorize_namespace(&namespace)
-        .map_err(|e| refused(session, e))
+/// The refusal when the session may not call `rpc` in `namespace`, checked as the gRPC
+/// handler checks it; `None` when it may.
+fn denied(session: &Session, rpc: Rpc, namespace: &str) -> Option<Response> {
+    if let Err(error) = session.caller.authorize(rpc) {
+        return Some(refused(session, error));
+    }
+    match Namespace::parse(namespace) {
+        Err(error) => Some(journal_error(session, error)),
+        Ok(namespace) => session
+            .caller
+            .authorize_namespace(&namespace)
+            .err()
+            .map(|error| refused(session, error)),
+    }
 }
 
 /// A refusal by access control: 403, saying which role or namespace was missing.
@@ -132,7 +135,7 @@ pub async fn queue(
         .namespace
         .clone()
         .unwrap_or_else(|| default_namespace(&session));
-    if let Err(refusal) = allow(&session, Rpc::ListOperationsForReview, &namespace) {
+    if let Some(refusal) = denied(&session, Rpc::ListOperationsForReview, &namespace) {
         return refusal;
     }
     let min_age = match query.min_age.trim() {
@@ -198,7 +201,7 @@ pub async fn operation(
     SignedIn(session): SignedIn,
     Query(query): Query<OperationQuery>,
 ) -> Response {
-    if let Err(refusal) = allow(&session, Rpc::GetOperation, &query.namespace) {
+    if let Some(refusal) = denied(&session, Rpc::GetOperation, &query.namespace) {
         return refusal;
     }
     let mut page = match operation_page(&console, &session, &query.namespace, &query.key).await {
@@ -304,10 +307,10 @@ pub async fn resolve(
     SignedIn(session): SignedIn,
     Form(form): Form<ResolveForm>,
 ) -> Response {
-    if let Err(refusal) = check_csrf(&session, &form.csrf) {
+    if let Some(refusal) = csrf_refusal(&session, &form.csrf) {
         return refusal;
     }
-    if let Err(refusal) = allow(&session, Rpc::ResolveOperation, &form.namespace) {
+    if let Some(refusal) = denied(&session, Rpc::ResolveOperation, &form.namespace) {
         return refusal;
     }
     let decision = match form.decision.as_str() {
@@ -439,7 +442,7 @@ pub async fn search(
         .namespace
         .clone()
         .unwrap_or_else(|| default_namespace(&session));
-    if let Err(refusal) = allow(&session, Rpc::ListOperations, &namespace) {
+    if let Some(refusal) = denied(&session, Rpc::ListOperations, &namespace) {
         return refusal;
     }
     let mut page = SearchPage::new(&session, &namespace);

@@ -34,7 +34,7 @@ use subtle::ConstantTimeEq as _;
 
 use super::Console;
 use super::view::{self, Page};
-use crate::domain::access::{Caller, NamespaceScope, Role, TokenRegistry};
+use crate::domain::access::{Caller, NamespaceScope, TokenRegistry};
 
 /// Who may sign in to the console.
 #[derive(Clone)]
@@ -110,16 +110,6 @@ impl Session {
                 NamespaceScope::Any => None,
             },
             Caller::Anyone => None,
-        }
-    }
-
-    /// Whether the session may review at all (a client-only token may not).
-    pub fn may_review(&self) -> bool {
-        match &self.caller {
-            Caller::Anyone => true,
-            Caller::Principal(p) => {
-                p.roles.contains(&Role::Reviewer) || p.roles.contains(&Role::Admin)
-            }
         }
     }
 
@@ -217,21 +207,21 @@ impl FromRequestParts<Console> for SignedIn {
     }
 }
 
-/// Refuses a form whose CSRF token is not the session's: 403, nothing changed.
-pub(super) fn check_csrf(session: &Session, presented: &str) -> Result<(), Response> {
+/// The refusal of a form whose CSRF token is not the session's: 403, nothing changed;
+/// `None` when it is.
+pub(super) fn csrf_refusal(session: &Session, presented: &str) -> Option<Response> {
     if session.csrf_matches(presented) {
-        Ok(())
-    } else {
-        tracing::info!("console form refused: CSRF token missing or wrong");
-        Err(view::error_page(
-            Some(session),
-            StatusCode::FORBIDDEN,
-            "Form refused",
-            "This form did not carry this session's security token (it may come from another \
-             site, or from before you signed in again): nothing was changed. Reload the page \
-             and try again.",
-        ))
+        return None;
     }
+    tracing::info!("console form refused: CSRF token missing or wrong");
+    Some(view::error_page(
+        Some(session),
+        StatusCode::FORBIDDEN,
+        "Form refused",
+        "This form did not carry this session's security token (it may come from another \
+         site, or from before you signed in again): nothing was changed. Reload the page and \
+         try again.",
+    ))
 }
 
 /// Refuses, before any handler, a request that would change something and that the browser
@@ -346,7 +336,7 @@ pub(super) async fn sign_out(
     jar: CookieJar,
     Form(form): Form<SignOutForm>,
 ) -> Response {
-    if let Err(refused) = check_csrf(&session, &form.csrf) {
+    if let Some(refused) = csrf_refusal(&session, &form.csrf) {
         return refused;
     }
     let sessions = &console.sessions;
