@@ -53,7 +53,8 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub console_listen: Option<SocketAddr>,
-    /// Let a server without tokens listen on addresses other hosts can reach.
+    /// Without tokens, let the server listen where other hosts can reach it (the review
+    /// console's address).
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub insecure_allow_unauthenticated: bool,

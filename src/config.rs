@@ -63,9 +63,10 @@ pub struct Config {
     /// roles as the gRPC API and TLS when the server has it; without tokens it is served only
     /// on a loopback address unless `insecure_allow_unauthenticated` (docs/review-console.md).
     pub console_listen: Option<SocketAddr>,
-    /// Let a server without tokens listen on addresses other hosts can reach
-    /// (`OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED`, `--insecure-allow-unauthenticated`);
-    /// everyone who reaches it can then read and change every namespace.
+    /// Without tokens, let the server listen where other hosts can reach it (today: the
+    /// review console's `console_listen`) (`OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED`,
+    /// `--insecure-allow-unauthenticated`); everyone who reaches it can then read and change
+    /// every namespace.
     pub insecure_allow_unauthenticated: bool,
     /// Reconcile worker: seconds between samples of the backlog gauges (unknown operations,
     /// the oldest one's age, those past their deadline, the review queue and its longest
