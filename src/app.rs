@@ -347,10 +347,14 @@ pub fn serve_console(
             tokens = registry.len(),
             "serving the review console (sign-in by bearer token)"
         ),
+        ConsoleAccess::Open if bound.ip().is_loopback() => tracing::info!(
+            address = %bound,
+            "serving the review console without tokens, on loopback (sign-in by name)"
+        ),
         ConsoleAccess::Open => tracing::warn!(
             address = %bound,
-            "serving the review console without tokens: whoever reaches it may resolve \
-             operations in every namespace"
+            "serving the review console without tokens on an address other hosts can reach: \
+             whoever reaches it may resolve operations in every namespace"
         ),
     }
     let (journal, reconciler) = (parts.journal.clone(), parts.reconciler.clone());

@@ -500,3 +500,163 @@ async fn without_tokens_the_console_signs_in_by_name_and_records_it(pool: PgPool
         )
     );
 }
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, as PEM files in `dir`.
+fn certificates(dir: &std::path::Path) -> opjournal::api::tls::ServerTlsFiles {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let mut server = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    server.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate().unwrap();
+    let cert = server.signed_by(&key, &issuer).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("server-key.pem"), key.serialize_pem()).unwrap();
+    opjournal::api::tls::ServerTlsFiles {
+        cert_file: dir.join("server.pem"),
+        key_file: dir.join("server-key.pem"),
+        client_ca_file: None,
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn under_tls_the_console_speaks_https_only_and_its_cookie_is_secure(pool: PgPool) {
+    opjournal::app::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let files = certificates(dir.path());
+    let tls = opjournal::api::tls::https_config(&files).unwrap();
+    let console = ConsoleApp::spawn_https(pool, tls).await;
+    assert!(
+        console.url.starts_with("https://127.0.0.1:"),
+        "{}",
+        console.url
+    );
+    let ca = std::fs::read(dir.path().join("ca.pem")).unwrap();
+    let trusting =
+        reqwest::Client::builder().tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()]);
+    let visitor = Visitor::with_client(&console.url, trusting);
+    let signed_in = visitor.sign_in("token", ALICE).await;
+    assert_eq!(signed_in.status, 303);
+    let cookie = visitor
+        .set_cookies
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|c| c.starts_with("__Host-opjournal_console="))
+        .cloned()
+        .unwrap();
+    assert!(
+        cookie.contains("Secure") && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
+    assert!(
+        cookie.contains("Path=/") && !cookie.contains("Domain"),
+        "{cookie}"
+    );
+    assert_eq!(visitor.get("/queue").await.status, 200);
+    // Plain HTTP on the same port gets no page.
+    let plain = console.url.replace("https://", "http://");
+    let answer = reqwest::Client::new()
+        .get(format!("{plain}queue"))
+        .send()
+        .await;
+    assert!(
+        answer.is_err() || !answer.unwrap().status().is_success(),
+        "plain HTTP served a page"
+    );
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_server_binary_serves_the_console_and_stops_it_on_sigterm(pool: PgPool) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let app = common::TestApp::spawn(pool).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--console-listen", "127.0.0.1:0", "--database-url"])
+        .arg(app.database_url())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut url = None;
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if let Some(rest) = line.strip_prefix("opjournal console on ") {
+            url = Some(rest.to_owned());
+            break;
+        }
+    }
+    let url = url.expect("the server announced its console");
+    let sign_in = reqwest::get(format!("{url}sign-in")).await.unwrap();
+    assert_eq!(sign_in.status(), 200);
+    // Without tokens the form asks for a name.
+    assert!(sign_in.text().await.unwrap().contains(r#"name="name""#));
+    let htmx = reqwest::get(format!("{url}assets/htmx.min.js"))
+        .await
+        .unwrap();
+    assert_eq!(htmx.status(), 200);
+    assert!(
+        htmx.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/javascript")
+    );
+    assert!(htmx.text().await.unwrap().starts_with("var htmx="));
+
+    let pid = child.id().unwrap().to_string();
+    let killed = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("the server stops on SIGTERM")
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+}
+
+#[tokio::test]
+async fn without_tokens_the_server_refuses_a_console_other_hosts_can_reach() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+        .args([
+            "check-config",
+            "--database-url",
+            "sqlite://unused/journal.db",
+        ])
+        .env("OPJOURNAL_CONSOLE_LISTEN", "0.0.0.0:8090")
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("console_listen"), "{stderr}");
+    let allowed = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+        .args([
+            "check-config",
+            "--database-url",
+            "sqlite://unused/journal.db",
+        ])
+        .env("OPJOURNAL_CONSOLE_LISTEN", "0.0.0.0:8090")
+        .env("OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED", "true")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        allowed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&allowed.stderr)
+    );
+}

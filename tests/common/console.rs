@@ -84,9 +84,24 @@ impl ConsoleApp {
         Self::with_console(app, ConsoleAccess::Open).await
     }
 
+    /// The app with the shop's tokens and its console over HTTPS with `tls`.
+    pub async fn spawn_https(pool: PgPool, tls: std::sync::Arc<rustls::ServerConfig>) -> Self {
+        let registry = tokens_config().token_registry().unwrap();
+        let options = SpawnOptions {
+            auth: Authenticator::new(registry.clone()),
+            ..SpawnOptions::default()
+        };
+        let app = TestApp::spawn_with_options(pool, options).await;
+        let access = ConsoleAccess::from_registry(registry);
+        Self::serve(app, ConsoleOptions::new(access, Some(tls), 64 * 1024))
+    }
+
     async fn with_console(app: TestApp, access: ConsoleAccess) -> Self {
+        Self::serve(app, ConsoleOptions::new(access, None, 64 * 1024))
+    }
+
+    fn serve(app: TestApp, options: ConsoleOptions) -> Self {
         let shutdown = CancellationToken::new();
-        let options = ConsoleOptions::new(access, None, 64 * 1024);
         let address = "127.0.0.1:0".parse().unwrap();
         let (url, _task) =
             opjournal::app::serve_console(&app.parts, address, options, shutdown.clone()).unwrap();
@@ -201,7 +216,7 @@ pub fn provider_key(key: &str) -> String {
 
 /// A browser without JavaScript: keeps cookies, follows no redirect.
 pub struct Visitor {
-    base: String,
+    pub base: String,
     client: reqwest::Client,
     cookies: Mutex<BTreeMap<String, String>>,
     /// Set-Cookie headers received, as sent.
@@ -217,10 +232,15 @@ pub struct Answer {
 
 impl Visitor {
     pub fn new(base: &str) -> Self {
+        Self::with_client(base, reqwest::Client::builder())
+    }
+
+    /// A visitor whose HTTP client is built from `builder` (e.g. trusting a test CA).
+    pub fn with_client(base: &str, builder: reqwest::ClientBuilder) -> Self {
         opjournal::app::install_crypto_provider();
         Self {
             base: base.trim_end_matches('/').to_owned(),
-            client: reqwest::Client::builder()
+            client: builder
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .unwrap(),
