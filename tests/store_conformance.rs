@@ -2576,3 +2576,50 @@ async fn a_new_journal_is_analyzed_once_it_holds_operations_on_postgres(pool: Pg
     let plan = plan.join("\n");
     assert!(plan.contains("agent_operations_pkey"), "{plan}");
 }
+
+/// The console's counts read a namespace's unknown, in-progress and escalated operations
+/// through the partial indexes of those states, never the namespace's terminal rows.
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_queue_counts_never_read_terminal_rows_on_postgres(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
+         status, attempt_count, created_at, updated_at) \
+         SELECT 'shop', 'done-' || i, 'create_payment', repeat('a', 64), 'succeeded', 1, \
+                now(), now() \
+         FROM generate_series(1, 20000) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE agent_operations")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let sql = opjournal::store::PgStore::new(pool.clone())
+        .statements()
+        .explained()
+        .into_iter()
+        .find_map(|(name, sql)| (name == "queue_stats").then(|| sql.to_owned()))
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("PREPARE queue_stats AS {sql}")))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let plan: Vec<String> =
+        sqlx::query_scalar("EXPLAIN (ANALYZE, BUFFERS OFF) EXECUTE queue_stats(NULL, 'shop')")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    let plan = plan.join("\n");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+    assert!(!plan.contains("agent_operations_pkey"), "{plan}");
+    assert!(!plan.contains("namespace_created"), "{plan}");
+    for index in [
+        "agent_operations_unknown_since",
+        "agent_operations_in_progress_lease",
+        "agent_operations_review_queue",
+    ] {
+        assert!(plan.contains(index), "{index} not used: {plan}");
+    }
+}
