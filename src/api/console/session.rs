@@ -72,7 +72,6 @@ const MAX_SESSIONS: u64 = 10_000;
 const SIGN_IN_COOKIE: &str = "opjournal_console_sign_in";
 
 /// A signed-in person.
-#[derive(Debug)]
 pub struct Session {
     /// Who, as the gRPC API would see them.
     pub caller: Caller,
@@ -80,6 +79,15 @@ pub struct Session {
     pub name: String,
     /// The session's CSRF token, in every form.
     pub csrf: String,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("name", &self.name)
+            .field("caller", &self.caller.name())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Session {
