@@ -305,21 +305,17 @@ pub async fn serve_metrics(
     Ok(Some((bound, task)))
 }
 
-/// The review console's settings from the configuration: sign-in by the configured tokens
-/// (or by name when there are none), HTTPS with the server's certificate files when it has
-/// them.
+/// The review console's settings: sign-in by the server's tokens (or by name when there
+/// are none), and HTTPS with the server's certificates when it has them (`server`'s TLS,
+/// reloaded with it).
 ///
-/// Errors: invalid tokens, or an unusable certificate file (naming the setting).
-pub fn console_options(config: &Config) -> Result<ConsoleOptions, StartError> {
+/// Errors: invalid tokens (naming the setting).
+pub fn console_options(
+    config: &Config,
+    server: &ServeOptions,
+) -> Result<ConsoleOptions, StartError> {
     let access = ConsoleAccess::from_registry(config.token_registry()?);
-    let tls = match (&config.tls_cert_file, &config.tls_key_file) {
-        (Some(cert_file), Some(key_file)) => Some(tls::https_config(&ServerTlsFiles {
-            cert_file: cert_file.clone(),
-            key_file: key_file.clone(),
-            client_ca_file: config.tls_client_ca_file.clone(),
-        })?),
-        _ => None,
-    };
+    let tls = server.tls.clone();
     Ok(ConsoleOptions::new(access, tls, config.max_result_bytes))
 }
 
@@ -334,6 +330,8 @@ pub fn serve_console(
     shutdown: CancellationToken,
 ) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
     let listener = std::net::TcpListener::bind(address)?;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
     let bound = listener.local_addr()?;
     let scheme = if options.tls.is_some() {
         "https"

@@ -524,12 +524,14 @@ fn certificates(dir: &std::path::Path) -> opjournal::api::tls::ServerTlsFiles {
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
-async fn under_tls_the_console_speaks_https_only_and_its_cookie_is_secure(pool: PgPool) {
+async fn under_tls_the_console_speaks_https_only_with_renewed_certificates_and_a_secure_cookie(
+    pool: PgPool,
+) {
     opjournal::app::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let files = certificates(dir.path());
-    let tls = opjournal::api::tls::https_config(&files).unwrap();
-    let console = ConsoleApp::spawn_https(pool, tls).await;
+    let tls = opjournal::api::tls::server_config(&files).unwrap();
+    let console = ConsoleApp::spawn_https(pool, tls.clone()).await;
     assert!(
         console.url.starts_with("https://127.0.0.1:"),
         "{}",
@@ -568,6 +570,42 @@ async fn under_tls_the_console_speaks_https_only_and_its_cookie_is_secure(pool: 
         answer.is_err() || !answer.unwrap().status().is_success(),
         "plain HTTP served a page"
     );
+    // HTTP/1.1-only clients are served too (the console offers h2 and http/1.1 by ALPN).
+    let http1 = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
+        .http1_only()
+        .build()
+        .unwrap();
+    let page = http1.get(format!("{}sign-in", console.url)).send().await;
+    assert_eq!(page.unwrap().version(), reqwest::Version::HTTP_11);
+
+    // A renewed certificate (another CA here) serves new connections once the server's TLS
+    // files are read again, with no restart: the console shares the gRPC port's TLS.
+    let renewed = tempfile::tempdir().unwrap();
+    certificates(renewed.path());
+    for file in ["server.pem", "server-key.pem"] {
+        std::fs::copy(renewed.path().join(file), dir.path().join(file)).unwrap();
+    }
+    assert!(tls.reload().unwrap());
+    let new_ca = std::fs::read(renewed.path().join("ca.pem")).unwrap();
+    let trusting_new = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&new_ca).unwrap()])
+        .build()
+        .unwrap();
+    let page = trusting_new
+        .get(format!("{}sign-in", console.url))
+        .send()
+        .await;
+    assert_eq!(page.unwrap().status(), 200);
+    let trusting_old = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
+        .build()
+        .unwrap();
+    let refused = trusting_old
+        .get(format!("{}sign-in", console.url))
+        .send()
+        .await;
+    assert!(refused.is_err(), "the old certificate is still served");
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

@@ -132,50 +132,6 @@ pub fn server_config(files: &ServerTlsFiles) -> Result<ServerTls, TlsError> {
     ServerTls::load(files)
 }
 
-/// The same identity and client-certificate rule as [`server_config`], as a rustls
-/// configuration for an HTTPS port (the review console): HTTP/2 and HTTP/1.1 by ALPN.
-///
-/// Errors: as [`server_config`].
-pub fn https_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let cert = Pem::read("tls_cert_file", &files.cert_file)?;
-    let key = Pem::read("tls_key_file", &files.key_file)?;
-    let certs = cert.certificates("tls_cert_file", &files.cert_file)?;
-    let key_der = key.private_key("tls_key_file", &files.key_file)?;
-    let key_error = |e: rustls::Error| TlsError::new("tls_key_file", &files.key_file, e);
-    let builder = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(key_error)?;
-    let builder = match &files.client_ca_file {
-        None => builder.with_no_client_auth(),
-        Some(ca_file) => {
-            let setting = "tls_client_ca_file";
-            let ca = Pem::read(setting, ca_file)?;
-            let mut store = RootCertStore::empty();
-            for cert in ca.certificates(setting, ca_file)? {
-                store.add(cert).map_err(|e| {
-                    TlsError::new(setting, ca_file, format!("not a usable CA: {e}"))
-                })?;
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                Arc::new(store),
-                provider(),
-            )
-            .build()
-            .map_err(|e| TlsError::new(setting, ca_file, e))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-    };
-    let mut config = builder.with_single_cert(certs, key_der).map_err(|e| {
-        TlsError::new(
-            "tls_key_file",
-            &files.key_file,
-            format!("does not fit the certificate: {e}"),
-        )
-    })?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
-}
-
 /// A client's TLS configuration: trust `ca_file` (or, without one, the system's roots) and,
 /// with `identity` (certificate and key files), present a client certificate for mutual TLS.
 /// Settings are named as the operator CLI's flags.

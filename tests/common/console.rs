@@ -85,7 +85,7 @@ impl ConsoleApp {
     }
 
     /// The app with the shop's tokens and its console over HTTPS with `tls`.
-    pub async fn spawn_https(pool: PgPool, tls: std::sync::Arc<rustls::ServerConfig>) -> Self {
+    pub async fn spawn_https(pool: PgPool, tls: opjournal::api::tls::ServerTls) -> Self {
         let registry = tokens_config().token_registry().unwrap();
         let options = SpawnOptions {
             auth: Authenticator::new(registry.clone()),

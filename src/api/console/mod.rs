@@ -20,6 +20,7 @@ mod pages;
 pub mod session;
 mod view;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,8 +29,13 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::Response;
 use axum::routing::{get, post};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use super::tls::{self, ServerTls};
 use crate::journal::Journal;
 use crate::reconcile::Reconciler;
 pub use session::ConsoleAccess;
@@ -48,9 +54,9 @@ const DRAIN: Duration = Duration::from_secs(5);
 pub struct ConsoleOptions {
     /// Who may sign in: the server's tokens, or (without tokens) anyone, by name.
     pub access: ConsoleAccess,
-    /// HTTPS with this configuration (the server's certificate and client-certificate rule);
-    /// plain HTTP when `None`.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// HTTPS with the server's certificates and client-certificate rule, reloaded with the
+    /// gRPC port's; plain HTTP when `None`.
+    pub tls: Option<ServerTls>,
     /// A session ends after this long without requests.
     pub session_idle: Duration,
     /// A session ends this long after sign-in at the latest.
@@ -73,11 +79,7 @@ impl std::fmt::Debug for ConsoleOptions {
 
 impl ConsoleOptions {
     /// Options with the default session lengths and a form limit fitting `max_result_bytes`.
-    pub fn new(
-        access: ConsoleAccess,
-        tls: Option<Arc<rustls::ServerConfig>>,
-        max_result_bytes: usize,
-    ) -> Self {
+    pub fn new(access: ConsoleAccess, tls: Option<ServerTls>, max_result_bytes: usize) -> Self {
         Self {
             access,
             tls,
@@ -158,30 +160,69 @@ async fn security_headers(mut response: Response) -> Response {
 pub async fn serve(
     journal: Journal,
     reconciler: Reconciler,
-    listener: std::net::TcpListener,
+    listener: TcpListener,
     options: ConsoleOptions,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = router(journal, reconciler, &options).into_make_service();
-    let handle = axum_server::Handle::new();
-    let stop = handle.clone();
-    tokio::spawn(async move {
+    let app = router(journal, reconciler, &options);
+    let stopped = shutdown.clone().cancelled_owned();
+    let served = async {
+        match options.tls {
+            Some(tls) => {
+                let local = listener.local_addr()?;
+                let tls = tls.with_alpn(&[b"h2", b"http/1.1"]);
+                let incoming = HttpsListener {
+                    incoming: tls::incoming(listener, tls),
+                    local,
+                };
+                axum::serve(incoming, app)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+        }
+    };
+    // A browser holding a connection open does not hold up the stop for long.
+    let drained = async {
         shutdown.cancelled().await;
-        stop.graceful_shutdown(Some(DRAIN));
-    });
-    match options.tls {
-        Some(tls) => {
-            let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
-            axum_server::tls_rustls::from_tcp_rustls(listener, config)?
-                .handle(handle)
-                .serve(app)
-                .await
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::select! {
+        result = served => result,
+        () = drained => Ok(()),
+    }
+}
+
+/// Connections after their TLS handshake (each in a task of its own, under the certificate
+/// current when it arrived: see [`tls::incoming`]), as a listener axum serves.
+struct HttpsListener {
+    incoming: ReceiverStream<std::io::Result<TlsStream<TcpStream>>>,
+    local: SocketAddr,
+}
+
+impl axum::serve::Listener for HttpsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(stream)) => {
+                    let peer = stream.get_ref().0.peer_addr().unwrap_or(self.local);
+                    return (stream, peer);
+                }
+                Some(Err(error)) => tracing::debug!(%error, "console connection failed"),
+                // The accept loop ends only with this listener.
+                None => std::future::pending::<()>().await,
+            }
         }
-        None => {
-            axum_server::from_tcp(listener)?
-                .handle(handle)
-                .serve(app)
-                .await
-        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.local)
     }
 }

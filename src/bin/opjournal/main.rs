@@ -114,8 +114,8 @@ async fn main() -> anyhow::Result<ExitCode> {
             let config = Config::load(flags.config.as_ref(), &flags)?;
             app::install_crypto_provider();
             app::build(&config, &Metrics::disabled())?;
-            app::serve_options(&config, &Metrics::disabled())?;
-            app::console_options(&config)?;
+            let serve_options = app::serve_options(&config, &Metrics::disabled())?;
+            app::console_options(&config, &serve_options)?;
             TelemetryOptions::from_env("opjournal-server")?;
             println!("configuration and policy are valid");
             Ok(ExitCode::SUCCESS)
@@ -217,7 +217,7 @@ async fn run_server(config: &Config, telemetry: &Telemetry) -> anyhow::Result<()
     let shutdown = app::shutdown_on_signals();
     let console = match config.console_listen {
         Some(address) => {
-            let console_options = app::console_options(config)?;
+            let console_options = app::console_options(config, &options)?;
             let (url, task) =
                 app::serve_console(&parts, address, console_options, shutdown.clone())
                     .with_context(|| format!("cannot listen on {address} (console)"))?;
