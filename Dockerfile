@@ -15,10 +15,13 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 FROM ${RUST_IMAGE} AS build
 WORKDIR /src
 # What the build reads: the manifest and lock file, the build script and the protos it
-# compiles (protox, no protoc), the migrations embedded by sqlx::migrate!, and the sources.
+# compiles (protox, no protoc), the migrations embedded by sqlx::migrate!, the review
+# console's templates and assets compiled into the binary, and the sources.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY migrations ./migrations
+COPY templates ./templates
+COPY assets ./assets
 COPY src ./src
 COPY crates ./crates
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use sqlx::migrate::MigrateDatabase as _;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::console::{self, ConsoleAccess, ConsoleOptions};
 use crate::api::tls::{self, ServerTlsFiles, TlsError};
 use crate::api::{Authenticator, ServeOptions};
 use crate::config::{Config, ConfigError, LogFormat};
@@ -302,6 +303,65 @@ pub async fn serve_metrics(
     });
     tracing::info!(address = %bound, "serving Prometheus metrics at /metrics");
     Ok(Some((bound, task)))
+}
+
+/// The review console's settings: sign-in by the server's tokens (or by name when there
+/// are none), and HTTPS with the server's certificates when it has them (`server`'s TLS,
+/// reloaded with it).
+///
+/// Errors: invalid tokens (naming the setting).
+pub fn console_options(
+    config: &Config,
+    server: &ServeOptions,
+) -> Result<ConsoleOptions, StartError> {
+    let access = ConsoleAccess::from_registry(config.token_registry()?);
+    let tls = server.tls.clone();
+    Ok(ConsoleOptions::new(access, tls, config.max_result_bytes))
+}
+
+/// Serves the review console of `parts` on `address` until `shutdown`; returns its URL
+/// (port 0 picks one) and the server's task.
+///
+/// Errors: the address cannot be bound.
+pub fn serve_console(
+    parts: &Components,
+    address: std::net::SocketAddr,
+    options: ConsoleOptions,
+    shutdown: CancellationToken,
+) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
+    let listener = std::net::TcpListener::bind(address)?;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let bound = listener.local_addr()?;
+    let scheme = if options.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let url = format!("{scheme}://{bound}/");
+    match &options.access {
+        ConsoleAccess::Tokens(registry) => tracing::info!(
+            address = %bound,
+            tokens = registry.len(),
+            "serving the review console (sign-in by bearer token)"
+        ),
+        ConsoleAccess::Open if bound.ip().is_loopback() => tracing::info!(
+            address = %bound,
+            "serving the review console without tokens, on loopback (sign-in by name)"
+        ),
+        ConsoleAccess::Open => tracing::warn!(
+            address = %bound,
+            "serving the review console without tokens on an address other hosts can reach: \
+             whoever reaches it may resolve operations in every namespace"
+        ),
+    }
+    let (journal, reconciler) = (parts.journal.clone(), parts.reconciler.clone());
+    let task = tokio::spawn(async move {
+        if let Err(error) = console::serve(journal, reconciler, listener, options, shutdown).await {
+            tracing::error!(error = %error, "the review console failed");
+        }
+    });
+    Ok((url, task))
 }
 
 /// Writes one line to standard output for whoever started a long-running process (its

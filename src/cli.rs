@@ -49,6 +49,15 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health_listen: Option<SocketAddr>,
+    /// Address of the review console, an HTTP(S) port of its own (default: off).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub console_listen: Option<SocketAddr>,
+    /// Without tokens, let the server listen where other hosts can reach it (the review
+    /// console's address).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_allow_unauthenticated: bool,
     /// Create the database if missing and apply migrations before serving (Postgres; the
     /// embedded SQLite journal is always prepared at start).
     #[arg(long)]

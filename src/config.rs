@@ -58,6 +58,16 @@ pub struct Config {
     pub metrics_listen: SocketAddr,
     /// Reconcile worker: the admin HTTP address serving Prometheus metrics at `/metrics`.
     pub reconciler_metrics_listen: SocketAddr,
+    /// Server: the address of the review console, an HTTP(S) port of its own
+    /// (`OPJOURNAL_CONSOLE_LISTEN`); unset, the console is off. It takes the same tokens and
+    /// roles as the gRPC API and TLS when the server has it; without tokens it is served only
+    /// on a loopback address unless `insecure_allow_unauthenticated` (docs/review-console.md).
+    pub console_listen: Option<SocketAddr>,
+    /// Without tokens, let the server listen where other hosts can reach it (today: the
+    /// review console's `console_listen`) (`OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED`,
+    /// `--insecure-allow-unauthenticated`); everyone who reaches it can then read and change
+    /// every namespace.
+    pub insecure_allow_unauthenticated: bool,
     /// Reconcile worker: seconds between samples of the backlog gauges (unknown operations,
     /// the oldest one's age, those past their deadline, the review queue and its longest
     /// wait); one indexed query per sample.
@@ -231,6 +241,8 @@ impl Default for Config {
             reconciler_health_listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             reconciler_metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9465)),
+            console_listen: None,
+            insecure_allow_unauthenticated: false,
             backlog_sample_seconds: 10.0,
             purge_interval_seconds: 300.0,
             purge_batch_size: 1000,
@@ -341,7 +353,7 @@ impl Config {
         self.validate_database_url()?;
         self.validate_limits()?;
         self.validate_tls()?;
-        self.token_registry()?;
+        self.validate_console()?;
         if let Some(secret) = &self.key_derivation_secret
             && secret.expose().len() < MIN_SECRET_BYTES
         {
@@ -411,6 +423,26 @@ impl Config {
             (None, Some(_)) => Err(ConfigError(
                 "tls_cert_file: must be set with tls_key_file".into(),
             )),
+        }
+    }
+
+    /// The console without tokens lets anyone who reaches it resolve operations: only on
+    /// loopback, unless the operator says otherwise.
+    fn validate_console(&self) -> Result<(), ConfigError> {
+        let open = self.token_registry()?.is_empty();
+        match self.console_listen {
+            Some(address) if open && !address.ip().is_loopback() => {
+                if self.insecure_allow_unauthenticated {
+                    Ok(())
+                } else {
+                    Err(ConfigError(format!(
+                        "console_listen: {address} is reachable from other hosts and no tokens are \
+                         configured: configure [[tokens]] (reviewer or admin) or listen on a \
+                         loopback address (insecure_allow_unauthenticated = true overrides)"
+                    )))
+                }
+            }
+            _ => Ok(()),
         }
     }
 
@@ -575,6 +607,26 @@ mod tests {
             assert!(err.to_string().contains(says), "{url}: {err}");
             assert!(!err.to_string().contains("secret"), "{err}");
         }
+    }
+
+    #[test]
+    fn the_console_is_off_by_default_and_open_only_on_loopback_without_tokens() {
+        assert_eq!(load("").unwrap().console_listen, None);
+        let loopback = load("console_listen = \"127.0.0.1:0\"\n").unwrap();
+        assert_eq!(
+            loopback.console_listen,
+            Some(SocketAddr::from(([127, 0, 0, 1], 0)))
+        );
+        let err = load("console_listen = \"0.0.0.0:8080\"\n").unwrap_err();
+        assert!(err.to_string().contains("console_listen"), "{err}");
+        let allowed = "console_listen = \"0.0.0.0:8080\"\ninsecure_allow_unauthenticated = true\n";
+        assert!(load(allowed).is_ok());
+        let with_token = format!(
+            "console_listen = \"0.0.0.0:8080\"\n[[tokens]]\nname = \"alice\"\n\
+             sha256 = \"{}\"\nnamespaces = [\"*\"]\nroles = [\"reviewer\"]\n",
+            "a".repeat(64)
+        );
+        assert!(load(&with_token).is_ok());
     }
 
     #[test]

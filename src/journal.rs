@@ -26,7 +26,8 @@ use crate::domain::policy::{
 };
 use crate::domain::sensitive;
 use crate::store::{
-    Claim, JournalStore, ListQuery, NewOperation, Registration, SameRequest, Settlement, StoreError,
+    Claim, JournalStore, ListQuery, NewOperation, Registration, SameRequest, SearchQuery,
+    Settlement, StoreError,
 };
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
@@ -123,6 +124,22 @@ pub struct BeginRequest {
     pub trace_context: Option<TraceParent>,
     /// See [`BeginCommand::attempt_id`]; empty = none.
     pub attempt_id: String,
+}
+
+/// What [`Journal::search`] looks an operation up by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SearchTerm {
+    /// The idempotency key.
+    OperationKey(String),
+    /// The provider's id of the effect.
+    ExternalId(String),
+    /// A business reference, `name` = `value` (e.g. `order_id` = `817`).
+    Reference {
+        /// The reference's name.
+        name: String,
+        /// Its value.
+        value: String,
+    },
 }
 
 /// The Begin answer.
@@ -763,6 +780,52 @@ impl Journal {
             .get(&namespace, &key)
             .await?
             .ok_or(JournalError::NotFound)
+    }
+
+    /// Finds a namespace's operations by `term`, newest first, at most a page of them
+    /// (`page_size` as in [`Journal::list`]). A key finds its one operation.
+    ///
+    /// Errors: `INVALID_ARGUMENT` for a malformed namespace, key, external id or reference
+    /// name, or an empty term (`INVALID_FIELD_LENGTH`); `INVALID_PAGE_SIZE`.
+    pub async fn search(
+        &self,
+        namespace: &str,
+        term: &SearchTerm,
+        page_size: i32,
+    ) -> Result<Vec<OperationRecord>, JournalError> {
+        let namespace = Namespace::parse(namespace)?;
+        let limit = self.limits.page_limit(page_size)?;
+        let required = |field: &'static str| {
+            JournalError::invalid(
+                ErrorReason::InvalidFieldLength,
+                FieldViolation::new(field, "is required"),
+            )
+        };
+        let (external_id, reference) = match term {
+            SearchTerm::OperationKey(key) => {
+                let key = OperationKey::parse(key)?;
+                let found = self.store.get(&namespace, &key).await?;
+                return Ok(found.into_iter().collect());
+            }
+            SearchTerm::ExternalId(id) => {
+                let id = ExternalId::parse_optional(id)?.ok_or_else(|| required("external_id"))?;
+                (Some(id.as_str().to_owned()), None)
+            }
+            SearchTerm::Reference { name, value } => {
+                if name.is_empty() {
+                    return Err(required("references"));
+                }
+                let reference = parse_references([(name.clone(), value.clone())], 1)?;
+                (None, reference.into_iter().next())
+            }
+        };
+        let query = SearchQuery {
+            namespace,
+            external_id,
+            reference,
+            limit,
+        };
+        Ok(self.store.search(&query).await?)
     }
 
     /// Lists operations newest first; returns the page and the next page token (empty at the

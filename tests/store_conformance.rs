@@ -26,7 +26,8 @@ use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
 use opjournal::store::{
     Claim, Clock, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation,
-    Registration, Resolution, ReviewQuery, SameRequest, Settled, Settlement,
+    Registration, Resolution, ReviewQuery, SameRequest, SearchQuery, Settled, Settlement,
+    StateCount,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -1131,6 +1132,7 @@ async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
             namespace: ns(),
             after: None,
             limit: 100,
+            ..review_query()
         })
         .await
         .unwrap();
@@ -1149,6 +1151,7 @@ async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
                 first.operation_key.to_string(),
             )),
             limit: 100,
+            ..review_query()
         })
         .await
         .unwrap();
@@ -1157,13 +1160,175 @@ async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
         fx.store
             .list_review(&ReviewQuery {
                 namespace: Namespace::parse("tenant-b").unwrap(),
-                after: None,
-                limit: 100
+                ..review_query()
             })
             .await
             .unwrap()
             .is_empty()
     );
+}
+
+/// The whole default namespace's review queue, no filter, first page.
+fn review_query() -> ReviewQuery {
+    ReviewQuery {
+        namespace: ns(),
+        action_type: None,
+        min_age: Duration::ZERO,
+        after: None,
+        limit: 100,
+    }
+}
+
+/// Escalates the unknown operation `read` to review.
+async fn escalate(fx: &Fixture, read: &OperationRecord) -> OperationRecord {
+    let escalate = Resolution::Escalate {
+        reason: "no_provider_lookup".into(),
+    };
+    let by = Attribution::worker("w", "escalated");
+    let resolve = fx.store.resolve(read, &escalate, &by, Lookup::NotMade);
+    resolve.await.unwrap().unwrap()
+}
+
+/// Registers `key` in `namespace` as `action`, with `references`.
+async fn register_as(
+    fx: &Fixture,
+    namespace: &str,
+    key: &str,
+    action: &str,
+    references: &[(&str, &str)],
+) -> OperationRecord {
+    let new = NewOperation {
+        namespace: Namespace::parse(namespace).unwrap(),
+        action_type: ActionType::parse(action).unwrap(),
+        references: references
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect(),
+        ..new_operation(key, LEASE)
+    };
+    inserted(fx.store.register(&new).await.unwrap()).unwrap()
+}
+
+async fn the_review_queue_filters_by_action_type_and_age(fx: &Fixture) {
+    let payment = fx.unknown("pay-old").await;
+    escalate(fx, &payment).await;
+    fx.clock.advance(Duration::from_secs(120));
+    let email = register_as(fx, "", "mail-new", "send_email", &[]).await;
+    let email = fx.store.settle(&token(&email), &timed_out()).await.unwrap();
+    escalate(fx, &email.unwrap().record).await;
+    let list = |action: Option<&str>, min_age: u64| {
+        let query = ReviewQuery {
+            action_type: action.map(|a| ActionType::parse(a).unwrap()),
+            min_age: Duration::from_secs(min_age),
+            ..review_query()
+        };
+        let store = fx.store.clone();
+        async move {
+            let rows = store.list_review(&query).await.unwrap();
+            rows.iter()
+                .map(|r| r.operation_key.to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(list(None, 0).await, ["pay-old", "mail-new"]);
+    assert_eq!(list(Some("send_email"), 0).await, ["mail-new"]);
+    assert_eq!(list(Some("create_payment"), 0).await, ["pay-old"]);
+    // Escalated at least a minute ago: only the one escalated before the clock moved.
+    assert_eq!(list(None, 60).await, ["pay-old"]);
+    assert_eq!(list(Some("send_email"), 60).await, Vec::<String>::new());
+    assert_eq!(list(None, 3600).await, Vec::<String>::new());
+}
+
+async fn search_finds_operations_by_external_id_or_reference(fx: &Fixture) {
+    let first = register_as(fx, "", "k1", "create_payment", &[("order_id", "817")]).await;
+    let settled = fx.store.settle(&token(&first), &succeeded("pay_1")).await;
+    assert_eq!(settled.unwrap().unwrap().record.status, Status::Succeeded);
+    let refs = [("order.id", "9"), ("order_id", "818")];
+    register_as(fx, "", "k2", "create_payment", &refs).await;
+    register_as(
+        fx,
+        "tenant-b",
+        "k3",
+        "create_payment",
+        &[("order_id", "817")],
+    )
+    .await;
+    let search = |namespace: &str, external_id: Option<&str>, reference: Option<(&str, &str)>| {
+        let query = SearchQuery {
+            namespace: Namespace::parse(namespace).unwrap(),
+            external_id: external_id.map(str::to_owned),
+            reference: reference.map(|(n, v)| (n.to_owned(), v.to_owned())),
+            limit: 10,
+        };
+        let store = fx.store.clone();
+        async move {
+            let rows = store.search(&query).await.unwrap();
+            rows.iter()
+                .map(|r| r.operation_key.to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(search("", Some("pay_1"), None).await, ["k1"]);
+    assert_eq!(search("", Some("pay_2"), None).await, Vec::<String>::new());
+    assert_eq!(search("", None, Some(("order_id", "817"))).await, ["k1"]);
+    assert_eq!(
+        search("tenant-b", None, Some(("order_id", "817"))).await,
+        ["k3"]
+    );
+    // A name with a dot is one member, not a path.
+    assert_eq!(search("", None, Some(("order.id", "9"))).await, ["k2"]);
+    assert_eq!(
+        search("", None, Some(("order", "9"))).await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        search("", None, Some(("order_id", "81"))).await,
+        Vec::<String>::new()
+    );
+    // Both set: both must match.
+    let both = search("", Some("pay_1"), Some(("order_id", "818"))).await;
+    assert_eq!(both, Vec::<String>::new());
+    assert_eq!(
+        search("tenant-b", Some("pay_1"), None).await,
+        Vec::<String>::new()
+    );
+}
+
+async fn queue_stats_count_and_age_each_state_of_one_namespace(fx: &Fixture) {
+    let empty = fx.store.queue_stats(&ns()).await.unwrap();
+    let none = StateCount::default();
+    assert_eq!(
+        (empty.unknown, empty.in_progress, empty.due, empty.review),
+        (none, none, none, none)
+    );
+    fx.register("live", LEASE).await;
+    let escalated = fx.unknown("escalated").await;
+    escalate(fx, &escalated).await;
+    fx.clock.advance(Duration::from_secs(100));
+    fx.unknown("due").await;
+    let done = fx.register("done", LEASE).await;
+    fx.store.settle(&token(&done), &declined()).await.unwrap();
+    register_as(fx, "tenant-b", "other", "create_payment", &[]).await;
+    fx.clock.advance(Duration::from_secs(10));
+    let stats = fx.store.queue_stats(&ns()).await.unwrap();
+    let age = |count: StateCount| (stats.observed_at - count.oldest.unwrap()).num_seconds();
+    // Unknown: the escalated one and the due one; the oldest became unknown 110 s ago.
+    assert_eq!(stats.unknown.count, 2);
+    assert_eq!(age(stats.unknown), 110);
+    // In progress: only the live lease, claimed 110 s ago (not the other namespace's).
+    assert_eq!(stats.in_progress.count, 1);
+    assert_eq!(age(stats.in_progress), 110);
+    // Due for a lookup: only the one not under review, due for 10 s.
+    assert_eq!(stats.due.count, 1);
+    assert_eq!(age(stats.due), 10);
+    assert_eq!(stats.review.count, 1);
+    assert_eq!(age(stats.review), 110);
+    let other = fx
+        .store
+        .queue_stats(&Namespace::parse("tenant-b").unwrap())
+        .await
+        .unwrap();
+    assert_eq!((other.in_progress.count, other.unknown.count), (1, 0));
 }
 
 async fn the_same_request_is_found_under_other_keys(fx: &Fixture) {
@@ -2213,6 +2378,9 @@ conformance!(
     an_operation_under_review_is_never_claimed,
     lists_page_newest_first_with_filters,
     the_review_queue_pages_oldest_first,
+    the_review_queue_filters_by_action_type_and_age,
+    search_finds_operations_by_external_id_or_reference,
+    queue_stats_count_and_age_each_state_of_one_namespace,
     the_same_request_is_found_under_other_keys,
     purge_deletes_only_terminal_operations_past_retention,
     purge_takes_bounded_batches,
@@ -2407,4 +2575,51 @@ async fn a_new_journal_is_analyzed_once_it_holds_operations_on_postgres(pool: Pg
         .unwrap();
     let plan = plan.join("\n");
     assert!(plan.contains("agent_operations_pkey"), "{plan}");
+}
+
+/// The console's counts read a namespace's unknown, in-progress and escalated operations
+/// through the partial indexes of those states, never the namespace's terminal rows.
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_queue_counts_never_read_terminal_rows_on_postgres(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
+         status, attempt_count, created_at, updated_at) \
+         SELECT 'shop', 'done-' || i, 'create_payment', repeat('a', 64), 'succeeded', 1, \
+                now(), now() \
+         FROM generate_series(1, 20000) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE agent_operations")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let sql = opjournal::store::PgStore::new(pool.clone())
+        .statements()
+        .explained()
+        .into_iter()
+        .find_map(|(name, sql)| (name == "queue_stats").then(|| sql.to_owned()))
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("PREPARE queue_stats AS {sql}")))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let plan: Vec<String> =
+        sqlx::query_scalar("EXPLAIN (ANALYZE, BUFFERS OFF) EXECUTE queue_stats(NULL, 'shop')")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    let plan = plan.join("\n");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+    assert!(!plan.contains("agent_operations_pkey"), "{plan}");
+    assert!(!plan.contains("namespace_created"), "{plan}");
+    for index in [
+        "agent_operations_unknown_since",
+        "agent_operations_in_progress_lease",
+        "agent_operations_review_queue",
+    ] {
+        assert!(plan.contains(index), "{index} not used: {plan}");
+    }
 }

@@ -8,6 +8,7 @@
 //! served on a second, plaintext listener of their own, for probes that cannot speak TLS.
 
 pub mod auth;
+pub mod console;
 pub mod convert;
 pub mod journal_service;
 pub mod reconciler_service;

@@ -27,12 +27,13 @@ use std::time::Duration;
 
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::model::{
-    Attribution, ExternalId, Namespace, OperationEvent, OperationKey, OperationRecord, Status,
+    ActionType, Attribution, ExternalId, Namespace, OperationEvent, OperationKey, OperationRecord,
+    Status,
 };
 use crate::domain::policy::{ActionPolicy, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
 use crate::journal::{PageToken, RequestLimits, page_limit};
-use crate::store::{HistoryQuery, JournalStore, Lookup, Resolution, ReviewQuery};
+use crate::store::{HistoryQuery, JournalStore, Lookup, QueueStats, Resolution, ReviewQuery};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
@@ -496,6 +497,16 @@ impl Reconciler {
     }
 }
 
+/// Filters of the review queue besides its namespace; the default lets every operation
+/// through.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReviewFilter {
+    /// Only this action type (empty: every one).
+    pub action_type: String,
+    /// Only operations escalated at least this long ago (zero: every one).
+    pub min_age: Duration,
+}
+
 impl Reconciler {
     /// Operations waiting for review, oldest escalation first, and the next page token.
     ///
@@ -506,9 +517,34 @@ impl Reconciler {
         page_size: i32,
         page_token: &str,
     ) -> Result<(Vec<OperationRecord>, String), JournalError> {
+        self.review_queue(namespace, &ReviewFilter::default(), page_size, page_token)
+            .await
+    }
+
+    /// The review queue of `namespace` narrowed by `filter`, oldest escalation first, and
+    /// the next page token (bound to the filter: a token of other filters is refused).
+    ///
+    /// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN` or `INVALID_PAGE_SIZE`; a malformed
+    /// namespace or action type.
+    pub async fn review_queue(
+        &self,
+        namespace: &str,
+        filter: &ReviewFilter,
+        page_size: i32,
+        page_token: &str,
+    ) -> Result<(Vec<OperationRecord>, String), JournalError> {
         let namespace = Namespace::parse(namespace)?;
+        let action_type = match filter.action_type.as_str() {
+            "" => None,
+            action_type => Some(ActionType::parse(action_type)?),
+        };
         let limit = self.limits.page_limit(page_size)?;
-        let filters = format!("review|{namespace}");
+        let filters = if filter == &ReviewFilter::default() {
+            format!("review|{namespace}")
+        } else {
+            let min_age = filter.min_age.as_millis();
+            format!("review|{namespace}|{}|{min_age}", filter.action_type)
+        };
         let after = if page_token.is_empty() {
             None
         } else {
@@ -518,6 +554,8 @@ impl Reconciler {
             .store
             .list_review(&ReviewQuery {
                 namespace: namespace.clone(),
+                action_type,
+                min_age: filter.min_age,
                 after,
                 limit: limit + 1,
             })
@@ -527,6 +565,15 @@ impl Reconciler {
                 .map(|at| PageToken::encode(at, last.operation_key.as_str(), &filters))
         });
         Ok((rows, next))
+    }
+
+    /// How many of `namespace`'s operations are unknown, in progress, due for a lookup and
+    /// waiting for review, and since when the oldest of each.
+    ///
+    /// Errors: a malformed namespace; `UNAVAILABLE`/`STORE_UNAVAILABLE`.
+    pub async fn queue_stats(&self, namespace: &str) -> Result<QueueStats, JournalError> {
+        let namespace = Namespace::parse(namespace)?;
+        Ok(self.store.queue_stats(&namespace).await?)
     }
 
     /// An operation's history, oldest first, and the next page token.

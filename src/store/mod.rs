@@ -157,15 +157,58 @@ pub struct SameRequest {
     pub window: Duration,
 }
 
-/// Position in the review queue, for [`JournalStore::list_review`].
+/// Filters and position in the review queue, for [`JournalStore::list_review`].
 #[derive(Debug, Clone)]
 pub struct ReviewQuery {
     /// Tenant namespace.
     pub namespace: Namespace,
+    /// Only this action type.
+    pub action_type: Option<ActionType>,
+    /// Only operations escalated at least this long ago (zero: every one).
+    pub min_age: Duration,
     /// Continue after this (review_required_at, operation_key) position.
     pub after: Option<(DateTime<Utc>, String)>,
     /// At most this many rows.
     pub limit: i64,
+}
+
+/// Operations by the provider's id or a business reference, for [`JournalStore::search`];
+/// the filters that are set must all match.
+#[derive(Debug, Clone)]
+pub struct SearchQuery {
+    /// Tenant namespace.
+    pub namespace: Namespace,
+    /// Only operations with this external id.
+    pub external_id: Option<String>,
+    /// Only operations whose business reference of this name has this value.
+    pub reference: Option<(String, String)>,
+    /// At most this many rows.
+    pub limit: i64,
+}
+
+/// How many operations of one namespace are in a state, and since when the oldest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StateCount {
+    /// How many.
+    pub count: i64,
+    /// The oldest one's time (what it is depends on the state: see [`QueueStats`]); `None`
+    /// when there are none.
+    pub oldest: Option<DateTime<Utc>>,
+}
+
+/// One namespace's work in flight and waiting, for [`JournalStore::queue_stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Unknown operations, oldest by when the outcome became unknown.
+    pub unknown: StateCount,
+    /// In-progress operations, oldest by their last claim or lease renewal.
+    pub in_progress: StateCount,
+    /// Unknown operations due for a provider lookup now, oldest by when it fell due.
+    pub due: StateCount,
+    /// Operations waiting for review, oldest by escalation.
+    pub review: StateCount,
+    /// The database clock when they were counted.
+    pub observed_at: DateTime<Utc>,
 }
 
 /// One operation's history page, for [`JournalStore::history`].
@@ -252,6 +295,15 @@ pub trait JournalStore: JournalMaintenance {
 
     /// Operations waiting for review, oldest escalation first.
     async fn list_review(&self, query: &ReviewQuery) -> Result<Vec<OperationRecord>, StoreError>;
+
+    /// Operations of a namespace with the query's external id and business reference, newest
+    /// first. No index serves it: it reads the namespace's operations newest first until it
+    /// has `limit` matches (an operator's search, not a hot path).
+    async fn search(&self, query: &SearchQuery) -> Result<Vec<OperationRecord>, StoreError>;
+
+    /// Counts a namespace's unknown, in-progress, due and escalated operations and finds the
+    /// oldest of each, in one read through the partial indexes of those states.
+    async fn queue_stats(&self, namespace: &Namespace) -> Result<QueueStats, StoreError>;
 
     /// An operation's history, oldest first.
     async fn history(&self, query: &HistoryQuery) -> Result<Vec<OperationEvent>, StoreError>;

@@ -66,6 +66,10 @@ impl Dialect for Pg {
             "dbnow" => "now()".to_owned(),
             "age" => format!("EXTRACT(EPOCH FROM now() - {arg})::float8"),
             "policy" => format!("(action_policy ->> '{arg}')::float8"),
+            "member" => {
+                let (object, name) = arg.split_once(' ').unwrap_or((arg, ""));
+                format!("({object} ->> {name}::text)")
+            }
             other => panic!("unknown statement token {other}"),
         }
     }

@@ -19,8 +19,8 @@ use uuid::Uuid;
 
 use super::{
     BacklogStats, Claim, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup,
-    NewOperation, Registration, Resolution, ReviewQuery, SameRequest, Settled, Settlement,
-    StoreError,
+    NewOperation, QueueStats, Registration, Resolution, ReviewQuery, SameRequest, SearchQuery,
+    Settled, Settlement, StateCount, StoreError,
 };
 use crate::domain::canonical::RequestHash;
 use crate::domain::lease::{AttemptDigest, LeaseToken};
@@ -269,6 +269,8 @@ pub struct Statements {
     resolve: [Statement; 5],
     sweep: Statement,
     list_review: Statement,
+    search: Statement,
+    queue_stats: Statement,
     history: Statement,
     claim_due: Statement,
     claim_for_reconcile: Statement,
@@ -321,6 +323,8 @@ impl Statements {
             resolve: RESOLUTIONS.map(|r| update("resolve", &with(resolve, "resolution", r))),
             sweep: update("sweep_expired_leases", D::SWEEP),
             list_review: file!("SELECT" list_review),
+            search: file!("SELECT" search),
+            queue_stats: file!("SELECT" queue_stats),
             history: file!("SELECT" history),
             claim_due: update("claim_due", D::CLAIM_DUE),
             claim_for_reconcile: file!("UPDATE" claim_for_reconcile),
@@ -346,6 +350,7 @@ impl Statements {
             ("history", self.history.sql()),
             ("list (by status)", self.list.sql()),
             ("list_review", self.list_review.sql()),
+            ("queue_stats", self.queue_stats.sql()),
         ];
         if let Some(settle) = &self.settle_with_previous {
             all[1].1 = settle[0].sql();
@@ -793,8 +798,34 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         // No position: before the beginning of time.
         let start = (DateTime::<Utc>::UNIX_EPOCH, String::new());
         let (at, key) = query.after.clone().unwrap_or(start);
-        let args = args![query.namespace.as_str(), D::time_text(at), key, query.limit];
+        let action = query.action_type.as_ref().map(|a| a.as_str().to_owned());
+        let (ns, min_age) = (query.namespace.as_str(), query.min_age);
+        let args = args![ns, D::time_text(at), key, query.limit, action, min_age];
         self.many(&self.statements.list_review, args).await
+    }
+
+    async fn search(&self, query: &SearchQuery) -> Result<Vec<OperationRecord>, StoreError> {
+        let (name, value) = query.reference.clone().unzip();
+        let (ns, external_id) = (query.namespace.as_str(), query.external_id.clone());
+        let args = args![ns, external_id, name, value, query.limit];
+        self.many(&self.statements.search, args).await
+    }
+
+    async fn queue_stats(&self, namespace: &Namespace) -> Result<QueueStats, StoreError> {
+        let statement = &self.statements.queue_stats;
+        let stats = async {
+            let row = self.row::<QueueRow>(statement, args![namespace.as_str()]);
+            let row = row.await?.ok_or_else(|| corrupt("queue_stats"))?;
+            let count = |count, oldest| StateCount { count, oldest };
+            Ok(QueueStats {
+                unknown: count(row.unknown, row.oldest_unknown),
+                in_progress: count(row.in_progress, row.oldest_in_progress),
+                due: count(row.due, row.oldest_due),
+                review: count(row.review, row.oldest_review),
+                observed_at: row.observed_at,
+            })
+        };
+        self.run(statement, stats).await
     }
 
     async fn history(&self, query: &HistoryQuery) -> Result<Vec<OperationEvent>, StoreError> {
@@ -988,6 +1019,19 @@ struct BacklogRow {
     oldest_review_seconds: Option<f64>,
     overdue: i64,
     most_overdue_seconds: Option<f64>,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct QueueRow {
+    unknown: i64,
+    oldest_unknown: Option<DateTime<Utc>>,
+    in_progress: i64,
+    oldest_in_progress: Option<DateTime<Utc>>,
+    due: i64,
+    oldest_due: Option<DateTime<Utc>>,
+    review: i64,
+    oldest_review: Option<DateTime<Utc>>,
+    observed_at: DateTime<Utc>,
 }
 
 #[derive(Debug, sqlx::FromRow)]

@@ -84,6 +84,11 @@ impl Dialect for Lite {
                 "(julianday(strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) - julianday({arg})) * 86400.0"
             ),
             "policy" => format!("CAST(json_extract(action_policy, '$.{arg}') AS REAL)"),
+            // A quoted label: member names may hold '.', which a bare path would split.
+            "member" => {
+                let (object, name) = arg.split_once(' ').unwrap_or((arg, ""));
+                format!("({object} ->> ('$.\"' || {name} || '\"'))")
+            }
             other => panic!("unknown statement token {other}"),
         }
     }

@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, missing_docs)]
 
 pub mod client_suites;
+pub mod console;
 pub mod observe;
 pub mod relay;
 pub mod seven_steps;

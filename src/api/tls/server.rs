@@ -29,6 +29,8 @@ pub struct ServerTls {
     files: ServerTlsFiles,
     current: Arc<RwLock<Loaded>>,
     reload_interval: Duration,
+    /// The protocols offered by ALPN instead of the loaded configuration's (gRPC's `h2`).
+    alpn: Option<Vec<Vec<u8>>>,
 }
 
 /// One configuration and the digest of the file contents it was built from.
@@ -60,7 +62,18 @@ impl ServerTls {
             })),
             files: files.clone(),
             reload_interval: DEFAULT_RELOAD_INTERVAL,
+            alpn: None,
         })
+    }
+
+    /// The same certificates and client-certificate rule, shared with this configuration
+    /// and reloaded with it, offering `protocols` by ALPN instead (the review console offers
+    /// HTTP/2 and HTTP/1.1).
+    pub fn with_alpn(&self, protocols: &[&[u8]]) -> Self {
+        Self {
+            alpn: Some(protocols.iter().map(|p| p.to_vec()).collect()),
+            ..self.clone()
+        }
     }
 
     /// The same, with the files read every `interval` while serving.
@@ -76,11 +89,20 @@ impl ServerTls {
 
     /// The configuration for the next connection.
     pub fn config(&self) -> Arc<rustls::ServerConfig> {
-        self.current
+        let config = self
+            .current
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .config
-            .clone()
+            .clone();
+        match &self.alpn {
+            None => config,
+            Some(protocols) => {
+                let mut config = (*config).clone();
+                config.alpn_protocols = protocols.clone();
+                Arc::new(config)
+            }
+        }
     }
 
     /// Reads the files again and, if they changed, serves new connections from them.

@@ -114,7 +114,8 @@ async fn main() -> anyhow::Result<ExitCode> {
             let config = Config::load(flags.config.as_ref(), &flags)?;
             app::install_crypto_provider();
             app::build(&config, &Metrics::disabled())?;
-            app::serve_options(&config, &Metrics::disabled())?;
+            let serve_options = app::serve_options(&config, &Metrics::disabled())?;
+            app::console_options(&config, &serve_options)?;
             TelemetryOptions::from_env("opjournal-server")?;
             println!("configuration and policy are valid");
             Ok(ExitCode::SUCCESS)
@@ -214,6 +215,17 @@ async fn run_server(config: &Config, telemetry: &Telemetry) -> anyhow::Result<()
     };
     app::log_security(config, &options);
     let shutdown = app::shutdown_on_signals();
+    let console = match config.console_listen {
+        Some(address) => {
+            let console_options = app::console_options(config, &options)?;
+            let (url, task) =
+                app::serve_console(&parts, address, console_options, shutdown.clone())
+                    .with_context(|| format!("cannot listen on {address} (console)"))?;
+            app::announce(&format!("opjournal console on {url}"));
+            Some(task)
+        }
+        None => None,
+    };
     let served = api::serve_with_health(
         parts.journal,
         parts.reconciler,
@@ -224,6 +236,9 @@ async fn run_server(config: &Config, telemetry: &Telemetry) -> anyhow::Result<()
     )
     .await;
     admin_stop.cancel();
+    if let Some(task) = console {
+        let _ = task.await;
+    }
     if let Some((_, task)) = admin {
         let _ = task.await;
     }

@@ -1,0 +1,228 @@
+//! The review console: server-rendered HTML pages for the people who settle escalated
+//! operations, on an HTTP(S) port of its own (`console_listen`, off unless configured).
+//!
+//! It is a transport beside the gRPC services and calls the same use cases as the
+//! `Reconciler` service (`Reconciler::review_queue`, `history`, `resolve_by_reviewer`) and
+//! the journal's reads (`Journal::get`, `Journal::search`): no SQL and no resolve rule of its
+//! own. Each page checks the caller's role for the RPC it stands for (the queue is
+//! `ListOperationsForReview`, an operation's page `GetOperation` and `GetOperationHistory`, a
+//! resolution `ResolveOperation`, a search `ListOperations`) and the namespace it touches,
+//! exactly as the gRPC handlers do, with the same tokens.
+//!
+//! What it shows is what the journal stores (payloads never are): an operation's fields,
+//! business references, its sanitized result and its history. Sign-in, sessions and CSRF
+//! protection are in [`session`]. The pages work without JavaScript; the vendored htmx
+//! (`assets/console/`) only refreshes the counts and filters the queue in place. Every
+//! asset is compiled into the binary: nothing is loaded from elsewhere.
+
+pub mod assets;
+mod pages;
+pub mod session;
+mod view;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, HeaderValue, header};
+use axum::response::Response;
+use axum::routing::{get, post};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use super::tls::{self, ServerTls};
+use crate::journal::Journal;
+use crate::reconcile::Reconciler;
+pub use session::ConsoleAccess;
+use session::Sessions;
+pub use view::operation_href;
+
+/// How long a signed-in session lasts without requests, by default.
+pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
+/// How long a session lasts at most, by default.
+pub const DEFAULT_SESSION_LIFETIME: Duration = Duration::from_secs(8 * 3600);
+/// How long a draining console waits for requests in flight on shutdown.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// The console's settings.
+#[derive(Clone)]
+pub struct ConsoleOptions {
+    /// Who may sign in: the server's tokens, or (without tokens) anyone, by name.
+    pub access: ConsoleAccess,
+    /// HTTPS with the server's certificates and client-certificate rule, reloaded with the
+    /// gRPC port's; plain HTTP when `None`.
+    pub tls: Option<ServerTls>,
+    /// A session ends after this long without requests.
+    pub session_idle: Duration,
+    /// A session ends this long after sign-in at the latest.
+    pub session_lifetime: Duration,
+    /// Largest form accepted, in bytes (a reviewer's result JSON is the largest field).
+    pub max_form_bytes: usize,
+}
+
+impl std::fmt::Debug for ConsoleOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsoleOptions")
+            .field("access", &self.access)
+            .field("tls", &self.tls.is_some())
+            .field("session_idle", &self.session_idle)
+            .field("session_lifetime", &self.session_lifetime)
+            .field("max_form_bytes", &self.max_form_bytes)
+            .finish()
+    }
+}
+
+impl ConsoleOptions {
+    /// Options with the default session lengths and a form limit fitting `max_result_bytes`.
+    pub fn new(access: ConsoleAccess, tls: Option<ServerTls>, max_result_bytes: usize) -> Self {
+        Self {
+            access,
+            tls,
+            session_idle: DEFAULT_SESSION_IDLE,
+            session_lifetime: DEFAULT_SESSION_LIFETIME,
+            // A form encodes each byte of the result in up to three.
+            max_form_bytes: max_result_bytes.saturating_mul(3) + 16 * 1024,
+        }
+    }
+}
+
+/// What every page handler reaches: the use cases and the sessions.
+#[derive(Clone)]
+struct Console {
+    journal: Journal,
+    reconciler: Reconciler,
+    sessions: Arc<Sessions>,
+}
+
+/// The console's routes over `journal` and `reconciler`.
+pub fn router(journal: Journal, reconciler: Reconciler, options: &ConsoleOptions) -> Router {
+    let sessions = Sessions::new(
+        options.access.clone(),
+        options.session_idle,
+        options.session_lifetime,
+        options.tls.is_some(),
+    );
+    let console = Console {
+        journal,
+        reconciler,
+        sessions: Arc::new(sessions),
+    };
+    Router::new()
+        .route("/", get(pages::home))
+        .route("/queue", get(pages::queue))
+        .route("/operation", get(pages::operation))
+        .route("/operation/resolve", post(pages::resolve))
+        .route("/search", get(pages::search))
+        .route(
+            "/sign-in",
+            get(session::sign_in_page).post(session::sign_in),
+        )
+        .route("/sign-out", post(session::sign_out))
+        .route("/assets/{name}", get(assets::serve))
+        .fallback(pages::not_found)
+        .layer(axum::middleware::map_response(security_headers))
+        .layer(axum::middleware::from_fn(session::refuse_cross_site))
+        .layer(DefaultBodyLimit::max(options.max_form_bytes))
+        .with_state(console)
+}
+
+/// Headers on every answer: no caching of pages, no framing, no sniffing, no referrer, and
+/// a content security policy that lets in only the console's own scripts and styles.
+async fn security_headers(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    let set = |headers: &mut axum::http::HeaderMap, name: HeaderName, value: &'static str| {
+        headers.insert(name, HeaderValue::from_static(value));
+    };
+    set(
+        headers,
+        header::CONTENT_SECURITY_POLICY,
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+         connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    );
+    set(headers, header::X_FRAME_OPTIONS, "DENY");
+    set(headers, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    set(headers, header::REFERRER_POLICY, "no-referrer");
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        set(headers, header::CACHE_CONTROL, "no-store");
+    }
+    response
+}
+
+/// Serves the console on `listener` until `shutdown` is cancelled, then lets requests in
+/// flight finish (a few seconds at most).
+///
+/// Errors: the listener fails.
+pub async fn serve(
+    journal: Journal,
+    reconciler: Reconciler,
+    listener: TcpListener,
+    options: ConsoleOptions,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let app = router(journal, reconciler, &options);
+    let stopped = shutdown.clone().cancelled_owned();
+    let served = async {
+        match options.tls {
+            Some(tls) => {
+                let local = listener.local_addr()?;
+                let tls = tls.with_alpn(&[b"h2", b"http/1.1"]);
+                let incoming = HttpsListener {
+                    incoming: tls::incoming(listener, tls),
+                    local,
+                };
+                axum::serve(incoming, app)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+        }
+    };
+    // A browser holding a connection open does not hold up the stop for long.
+    let drained = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::select! {
+        result = served => result,
+        () = drained => Ok(()),
+    }
+}
+
+/// Connections after their TLS handshake (each in a task of its own, under the certificate
+/// current when it arrived: see [`tls::incoming`]), as a listener axum serves.
+struct HttpsListener {
+    incoming: ReceiverStream<std::io::Result<TlsStream<TcpStream>>>,
+    local: SocketAddr,
+}
+
+impl axum::serve::Listener for HttpsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(stream)) => {
+                    let peer = stream.get_ref().0.peer_addr().unwrap_or(self.local);
+                    return (stream, peer);
+                }
+                Some(Err(error)) => tracing::debug!(%error, "console connection failed"),
+                // The accept loop ends only with this listener.
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}
