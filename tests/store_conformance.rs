@@ -2222,14 +2222,14 @@ async fn a_lease_keeps_the_digest_of_the_attempt_id_it_was_granted_to(fx: &Fixtu
     );
     let new = NewOperation {
         attempt: Some(first),
-        ..new_operation("k", Duration::from_millis(100))
+        ..new_operation("k", Duration::from_secs(5))
     };
     let registered = inserted(fx.store.register(&new).await.unwrap()).unwrap();
     assert_eq!(registered.lease_attempt, Some(first));
     assert_eq!(fx.get("k").await.lease_attempt, Some(first));
     let renewed = fx
         .store
-        .renew(&token(&registered), Duration::from_millis(100))
+        .renew(&token(&registered), Duration::from_secs(5))
         .await
         .unwrap()
         .unwrap();
@@ -2237,13 +2237,13 @@ async fn a_lease_keeps_the_digest_of_the_attempt_id_it_was_granted_to(fx: &Fixtu
     // Every claim replaces it: with the claiming Begin's digest, or with none.
     let mut expected_attempt = 1;
     for granted_to in [Some(second), None] {
-        fx.clock.advance(Duration::from_millis(400));
+        fx.clock.advance(Duration::from_secs(30));
         let claim = Claim {
             namespace: ns(),
             operation_key: OperationKey::parse("k").unwrap(),
             expected_status: Status::InProgress,
             expected_attempt,
-            lease: Duration::from_millis(100),
+            lease: Duration::from_secs(5),
             lease_id: Uuid::new_v4(),
             attempt: granted_to,
         };
