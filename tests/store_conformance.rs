@@ -2022,7 +2022,6 @@ async fn the_backlog_statement_uses_only_partial_indexes_on_postgres(pool: PgPoo
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN {}",
         opjournal::store::PgStore::new(pool.clone())
-            .statements()
             .explained()
             .into_iter()
             .find_map(|(name, sql)| (name == "backlog_stats").then(|| sql.to_owned()))
