@@ -155,10 +155,13 @@ pub fn worker(config: &Config, reconciler: Reconciler) -> Worker {
 
 /// The server's settings from the configuration: lifecycle, bearer tokens (with those of
 /// `tokens_file`), TLS files (read and checked now, and again every `tls_reload_seconds`
-/// while serving) and the message size limit; RPC metrics go to `metrics`.
+/// while serving), the message size limit and the transport's limits; RPC metrics go to
+/// `metrics`.
 ///
-/// Errors: invalid tokens, or an unusable certificate file (naming the setting).
+/// Errors: invalid tokens, an unusable certificate file (naming the setting), or no
+/// authentication on an address other hosts can reach ([`Config::check_exposure`]).
 pub fn serve_options(config: &Config, metrics: &Metrics) -> Result<ServeOptions, StartError> {
+    config.check_exposure()?;
     let registry = config.token_registry()?;
     let tls = match (&config.tls_cert_file, &config.tls_key_file) {
         (Some(cert_file), Some(key_file)) => Some(
@@ -177,12 +180,13 @@ pub fn serve_options(config: &Config, metrics: &Metrics) -> Result<ServeOptions,
         auth: Authenticator::new(registry),
         tls,
         max_message_bytes: config.max_message_bytes,
+        limits: config.transport_limits(),
         metrics: metrics.clone(),
     })
 }
 
-/// Logs how the server is secured; warns when no token is configured and the address is
-/// reachable from other hosts.
+/// Logs how the server is secured; warns when it serves an address reachable from other
+/// hosts with no authentication (allowed by `insecure_allow_unauthenticated`).
 pub fn log_security(config: &Config, options: &ServeOptions) {
     let tls = match &options.tls {
         None => "off",
@@ -198,12 +202,18 @@ pub fn log_security(config: &Config, options: &ServeOptions) {
         );
     } else if config.listen.ip().is_loopback() {
         tracing::info!(tls, "authentication off (no tokens configured)");
+    } else if config.tls_client_ca_file.is_some() {
+        tracing::info!(
+            tls,
+            "callers authenticated by client certificate (no tokens)"
+        );
     } else {
         tracing::warn!(
             listen = %config.listen,
             tls,
-            "authentication off (no tokens configured) on an address other hosts can reach: \
-             every caller can read and change every namespace"
+            "authentication off on an address other hosts can reach \
+             (insecure_allow_unauthenticated): every caller can read and change every \
+             namespace unless something in front authenticates them"
         );
     }
 }

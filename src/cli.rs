@@ -53,8 +53,10 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub console_listen: Option<SocketAddr>,
-    /// Without tokens, let the server listen where other hosts can reach it (the review
-    /// console's address).
+    /// Without authentication (no tokens, no client certificates), let the server listen
+    /// where other hosts can reach it (the gRPC address, the review console's): only behind
+    /// something that authenticates callers for it, such as a service mesh's authorization
+    /// policy.
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub insecure_allow_unauthenticated: bool,

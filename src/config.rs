@@ -11,6 +11,7 @@ use figment::providers::{Env, Format as _, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::SqliteConnectOptions;
 
+use crate::api::TransportLimits;
 use crate::domain::access::{NamespaceScope, Principal, Role, TokenDigest, TokenRegistry};
 use crate::domain::derived_key::MIN_SECRET_BYTES;
 use crate::domain::model::Namespace;
@@ -63,10 +64,12 @@ pub struct Config {
     /// roles as the gRPC API and TLS when the server has it; without tokens it is served only
     /// on a loopback address unless `insecure_allow_unauthenticated` (docs/review-console.md).
     pub console_listen: Option<SocketAddr>,
-    /// Without tokens, let the server listen where other hosts can reach it (today: the
-    /// review console's `console_listen`) (`OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED`,
-    /// `--insecure-allow-unauthenticated`); everyone who reaches it can then read and change
-    /// every namespace.
+    /// Without authentication (no tokens, no client certificates), let the server listen
+    /// where other hosts can reach it anyway: the gRPC `listen` address
+    /// ([`Config::check_exposure`]) and the review console's `console_listen`
+    /// (`OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED`, `--insecure-allow-unauthenticated`).
+    /// Everyone who reaches it can then read and change every namespace: only for a server
+    /// behind something that authenticates for it (a mesh's authorization policy).
     pub insecure_allow_unauthenticated: bool,
     /// Reconcile worker: seconds between samples of the backlog gauges (unknown operations,
     /// the oldest one's age, those past their deadline, the review queue and its longest
@@ -111,6 +114,24 @@ pub struct Config {
     /// deployment needs the same value, and changing it changes every derived key.
     #[serde(skip_serializing)]
     pub key_derivation_secret: Option<Secret>,
+    /// Streams (calls) one HTTP/2 connection may have open at once.
+    pub max_concurrent_streams: u32,
+    /// Largest request header list, in bytes (HTTP/2 `SETTINGS_MAX_HEADER_LIST_SIZE`).
+    pub max_header_list_bytes: u32,
+    /// Calls served at once over all connections; one more is answered
+    /// `RESOURCE_EXHAUSTED`/`SERVER_OVERLOADED` with a `RetryInfo`.
+    pub max_in_flight_requests: usize,
+    /// gRPC connections open at once; past it the server accepts no more until one closes.
+    pub max_grpc_connections: usize,
+    /// Seconds between HTTP/2 PINGs on a connection; 0 sends none.
+    pub http2_keepalive_interval_seconds: f64,
+    /// Seconds an unanswered PING waits before the connection is closed.
+    pub http2_keepalive_timeout_seconds: f64,
+    /// Seconds after which a connection is asked to go away (GOAWAY); 0 never.
+    pub max_connection_age_seconds: f64,
+    /// Seconds a connection past its age may still finish its calls before it is closed;
+    /// 0 waits for them however long they take.
+    pub max_connection_age_grace_seconds: f64,
 }
 
 /// A secret setting: its `Debug` output is `[redacted]` and it is never serialized.
@@ -225,6 +246,7 @@ impl Backend {
 impl Default for Config {
     fn default() -> Self {
         let limits = RequestLimits::default();
+        let transport = TransportLimits::default();
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             database_url: DEFAULT_DATABASE_URL.to_owned(),
@@ -259,8 +281,24 @@ impl Default for Config {
             max_json_depth: limits.max_json_depth,
             max_page_size: limits.max_page_size,
             key_derivation_secret: None,
+            max_concurrent_streams: transport.max_concurrent_streams,
+            max_header_list_bytes: transport.max_header_list_bytes,
+            max_in_flight_requests: transport.max_in_flight_requests,
+            max_grpc_connections: transport.max_connections,
+            http2_keepalive_interval_seconds: seconds_or_zero(transport.http2_keepalive_interval),
+            http2_keepalive_timeout_seconds: transport.http2_keepalive_timeout.as_secs_f64(),
+            max_connection_age_seconds: seconds_or_zero(transport.max_connection_age),
+            max_connection_age_grace_seconds: seconds_or_zero(transport.max_connection_age_grace),
         }
     }
+}
+
+fn seconds_or_zero(value: Option<Duration>) -> f64 {
+    value.map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn zero_is_none(seconds: f64) -> Option<Duration> {
+    (seconds > 0.0).then(|| Config::seconds(seconds))
 }
 
 /// The journal when no `database_url` is configured: an embedded SQLite file under the
@@ -273,6 +311,8 @@ pub const MAX_JSON_DEPTH: usize = 128;
 pub const MAX_PAGE_SIZE: u32 = 1000;
 /// Room `max_message_bytes` must leave beyond the largest JSON field, in bytes.
 pub const MESSAGE_HEADROOM_BYTES: usize = 16 * 1024;
+/// Smallest `max_header_list_bytes` accepted.
+pub const MIN_HEADER_LIST_BYTES: u32 = 4096;
 /// The environment variable holding `key_derivation_secret`.
 pub const SECRET_VARIABLE: &str = "OPJOURNAL_KEY_DERIVATION_SECRET";
 
@@ -352,6 +392,7 @@ impl Config {
         }
         self.validate_database_url()?;
         self.validate_limits()?;
+        self.validate_transport()?;
         self.validate_tls()?;
         self.validate_console()?;
         if let Some(secret) = &self.key_derivation_secret
@@ -407,6 +448,99 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    fn validate_transport(&self) -> Result<(), ConfigError> {
+        if self.max_concurrent_streams == 0
+            || self.max_in_flight_requests == 0
+            || self.max_grpc_connections == 0
+        {
+            return Err(ConfigError(
+                "max_concurrent_streams, max_in_flight_requests, max_grpc_connections: must be at \
+                 least 1"
+                    .into(),
+            ));
+        }
+        if self.max_header_list_bytes < MIN_HEADER_LIST_BYTES {
+            return Err(ConfigError(format!(
+                "max_header_list_bytes: must be at least {MIN_HEADER_LIST_BYTES} (gRPC's own \
+                 headers, a bearer token and a traceparent must fit)"
+            )));
+        }
+        for (name, value) in [
+            (
+                "http2_keepalive_interval_seconds",
+                self.http2_keepalive_interval_seconds,
+            ),
+            (
+                "max_connection_age_seconds",
+                self.max_connection_age_seconds,
+            ),
+            (
+                "max_connection_age_grace_seconds",
+                self.max_connection_age_grace_seconds,
+            ),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(ConfigError(format!(
+                    "{name}: must be 0 (off) or a positive number of seconds"
+                )));
+            }
+        }
+        if !(self.http2_keepalive_timeout_seconds.is_finite()
+            && self.http2_keepalive_timeout_seconds > 0.0)
+        {
+            return Err(ConfigError(
+                "http2_keepalive_timeout_seconds: must be a positive number of seconds".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The limits of the gRPC port.
+    pub fn transport_limits(&self) -> TransportLimits {
+        TransportLimits {
+            max_concurrent_streams: self.max_concurrent_streams,
+            max_header_list_bytes: self.max_header_list_bytes,
+            max_in_flight_requests: self.max_in_flight_requests,
+            max_connections: self.max_grpc_connections,
+            http2_keepalive_interval: zero_is_none(self.http2_keepalive_interval_seconds),
+            http2_keepalive_timeout: Config::seconds(self.http2_keepalive_timeout_seconds),
+            max_connection_age: zero_is_none(self.max_connection_age_seconds),
+            max_connection_age_grace: zero_is_none(self.max_connection_age_grace_seconds),
+            ..TransportLimits::default()
+        }
+    }
+
+    /// Whether callers must prove who they are: bearer tokens (`tokens`, `tokens_file`), or
+    /// client certificates (mutual TLS).
+    pub fn authenticates(&self) -> bool {
+        !self.tokens.is_empty() || self.tokens_file.is_some() || self.tls_client_ca_file.is_some()
+    }
+
+    /// Refuses to serve, with no authentication, on an address other hosts can reach,
+    /// unless `insecure_allow_unauthenticated` says so: like Redis's protected mode, an
+    /// open journal on a network lets every caller read and change every namespace.
+    ///
+    /// Errors: a non-loopback `listen`, no tokens, no client CA, and the setting off; the
+    /// message says why and the three ways out.
+    pub fn check_exposure(&self) -> Result<(), ConfigError> {
+        if self.authenticates()
+            || self.listen.ip().is_loopback()
+            || self.insecure_allow_unauthenticated
+        {
+            return Ok(());
+        }
+        Err(ConfigError(format!(
+            "listen: refusing to serve on {} without authentication: no tokens and no client \
+             certificates are configured, so every caller that reaches this address could read \
+             and change every namespace. Configure tokens (docs/configuration.md#authentication) \
+             or mutual TLS, listen on a loopback address, or, when something in front (a \
+             service mesh's authorization policy) authenticates callers for this server, set \
+             insecure_allow_unauthenticated = true (--insecure-allow-unauthenticated, \
+             OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED=true)",
+            self.listen
+        )))
     }
 
     fn validate_tls(&self) -> Result<(), ConfigError> {
@@ -627,6 +761,57 @@ mod tests {
             "a".repeat(64)
         );
         assert!(load(&with_token).is_ok());
+    }
+
+    #[test]
+    fn an_unauthenticated_server_on_a_reachable_address_is_refused_unless_allowed() {
+        let open = load("listen = \"0.0.0.0:50051\"\n").unwrap();
+        let err = open.check_exposure().unwrap_err().to_string();
+        for says in [
+            "listen",
+            "without authentication",
+            "insecure_allow_unauthenticated",
+        ] {
+            assert!(err.contains(says), "{err}");
+        }
+        let allowed = load("listen = \"0.0.0.0:50051\"\ninsecure_allow_unauthenticated = true\n");
+        allowed.unwrap().check_exposure().unwrap();
+        let loopback = load("listen = \"[::1]:50051\"\n").unwrap();
+        loopback.check_exposure().unwrap();
+        let with_tokens = load(&format!(
+            "listen = \"0.0.0.0:50051\"\n[[tokens]]\nname = \"a\"\nsha256 = \"{}\"\n\
+             namespaces = [\"*\"]\nroles = [\"client\"]\n",
+            "ab".repeat(32)
+        ));
+        with_tokens.unwrap().check_exposure().unwrap();
+    }
+
+    #[test]
+    fn transport_limits_are_read_and_zero_turns_an_interval_off() {
+        let config = load(
+            "max_concurrent_streams = 7\nmax_in_flight_requests = 9\n\
+             max_connection_age_seconds = 0\nhttp2_keepalive_interval_seconds = 0\n",
+        )
+        .unwrap();
+        let limits = config.transport_limits();
+        assert_eq!(limits.max_concurrent_streams, 7);
+        assert_eq!(limits.max_in_flight_requests, 9);
+        assert_eq!(limits.max_connection_age, None);
+        assert_eq!(limits.http2_keepalive_interval, None);
+        assert_eq!(
+            load("").unwrap().transport_limits(),
+            TransportLimits::default()
+        );
+        for bad in [
+            "max_concurrent_streams = 0",
+            "max_header_list_bytes = 100",
+            "max_connection_age_seconds = -1",
+            "http2_keepalive_timeout_seconds = 0",
+        ] {
+            let err = load(&format!("{bad}\n")).unwrap_err().to_string();
+            let key = bad.split(' ').next().unwrap();
+            assert!(err.contains(key), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -11,7 +11,9 @@ pub mod auth;
 pub mod console;
 pub mod convert;
 pub mod journal_service;
+pub mod limits;
 pub mod reconciler_service;
+pub mod reflection;
 pub mod status;
 pub mod tls;
 
@@ -26,13 +28,13 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::journal::Journal;
-use crate::proto;
 use crate::reconcile::Reconciler;
 use crate::store::JournalStore;
 use crate::telemetry::Metrics;
 use crate::telemetry::grpc::RpcTelemetryLayer;
 pub use auth::Authenticator;
 pub use journal_service::JournalService;
+pub use limits::TransportLimits;
 pub use reconciler_service::ReconcilerService;
 
 /// Health service names besides the gRPC services themselves.
@@ -48,7 +50,8 @@ const HEALTH_STOP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest request message the server decodes by default, in bytes (1 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
-/// Server settings: lifecycle, authentication, TLS and the message size limit.
+/// Server settings: lifecycle, authentication, TLS, the message size limit and the
+/// transport's resource limits.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     /// How often readiness checks the database.
@@ -64,6 +67,9 @@ pub struct ServeOptions {
     /// Largest request message decoded, in bytes; a larger one is refused by the transport
     /// with `OUT_OF_RANGE` before any handler runs.
     pub max_message_bytes: usize,
+    /// Streams per connection, header size, in-flight calls, connections, keepalive and
+    /// connection age.
+    pub limits: TransportLimits,
     /// Where `rpc.server.call.duration` is recorded (one server span per journal RPC is
     /// made whenever tracing is on; see [`crate::telemetry::grpc`]).
     pub metrics: Metrics,
@@ -77,6 +83,7 @@ impl Default for ServeOptions {
             auth: Authenticator::disabled(),
             tls: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            limits: TransportLimits::default(),
             metrics: Metrics::disabled(),
         }
     }
@@ -91,6 +98,9 @@ pub enum ServeError {
     /// The reflection descriptors are broken.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// An embedded descriptor set does not decode.
+    #[error("descriptors: {0}")]
+    Descriptors(#[from] prost::DecodeError),
 }
 
 /// Serves the journal on `listener` until `shutdown` is cancelled, then drains.
@@ -119,8 +129,15 @@ pub async fn serve_with_health(
     options: ServeOptions,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let mut builder =
-        tonic::transport::Server::builder().layer(RpcTelemetryLayer::new(options.metrics.clone()));
+    // Outermost first: shed calls are measured too.
+    let mut builder = options
+        .limits
+        .apply(tonic::transport::Server::builder())
+        .layer(RpcTelemetryLayer::new(options.metrics.clone()))
+        .layer(limits::InFlightLayer::new(
+            options.limits.max_in_flight_requests,
+            options.limits.overload_retry_after,
+        ));
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status(LIVENESS, ServingStatus::Serving)
@@ -134,14 +151,9 @@ pub async fn serve_with_health(
         shutdown.clone(),
     ));
 
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let descriptors = reflection::served_descriptors()?;
+    let reflection_v1 = reflection::builder(&descriptors).build_v1()?;
+    let reflection_v1alpha = reflection::builder(&descriptors).build_v1alpha()?;
 
     let reload_stop = shutdown.clone();
     let stop_reporter = reporter.clone();
@@ -181,20 +193,17 @@ pub async fn serve_with_health(
         .add_service(reflection_v1alpha)
         .add_service(InterceptedService::new(journal, options.auth.clone()))
         .add_service(InterceptedService::new(reconciler, options.auth));
+    let accepted = limits::incoming(listener, &options.limits);
     let result = match options.tls {
         Some(tls) => {
             let reload = tokio::spawn(tls.clone().watch(reload_stop));
             let result = router
-                .serve_with_incoming_shutdown(tls::incoming(listener, tls), stopped)
+                .serve_with_incoming_shutdown(tls::incoming_from(accepted, tls), stopped)
                 .await;
             reload.abort();
             result
         }
-        None => {
-            router
-                .serve_with_incoming_shutdown(incoming(listener), stopped)
-                .await
-        }
+        None => router.serve_with_incoming_shutdown(accepted, stopped).await,
     };
     readiness.abort();
     if let Some((stop, mut server)) = health_only {

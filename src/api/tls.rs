@@ -7,7 +7,7 @@
 mod incoming;
 mod server;
 
-pub use incoming::{HANDSHAKE_TIMEOUT, incoming};
+pub use incoming::{HANDSHAKE_TIMEOUT, incoming, incoming_from};
 pub use server::{DEFAULT_RELOAD_INTERVAL, ServerTls};
 
 use std::path::{Path, PathBuf};

@@ -118,6 +118,8 @@ pub struct SpawnOptions {
     pub limits: RequestLimits,
     /// Largest request message the server decodes.
     pub max_message_bytes: usize,
+    /// Streams per connection, header size, in-flight calls, connections, keepalive and age.
+    pub transport: api::TransportLimits,
     /// Writes the policy for the sandbox's URL; `policy_yaml` when `None`.
     pub policy: Option<Arc<PolicyWriter>>,
     /// The secret of DeriveOperationKey; derivation is off when `None`.
@@ -137,6 +139,7 @@ impl Default for SpawnOptions {
             client_tls: None,
             limits: RequestLimits::default(),
             max_message_bytes: ServeOptions::default().max_message_bytes,
+            transport: api::TransportLimits::default(),
             policy: None,
             key_secret: None,
             metrics: Metrics::disabled(),
@@ -329,6 +332,7 @@ impl TestApp {
                 auth: options.auth,
                 tls: options.tls,
                 max_message_bytes: options.max_message_bytes,
+                limits: options.transport,
                 metrics: options.metrics.clone(),
             },
             shutdown.clone(),

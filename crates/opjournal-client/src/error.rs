@@ -70,14 +70,17 @@ impl ClientError {
 
     /// Whether the same call may simply be sent again because its answer was lost or the
     /// server could not act yet: `UNAVAILABLE` (unreachable server, `STORE_UNAVAILABLE`),
-    /// `CANCELLED` and `DEADLINE_EXCEEDED` whatever the reason, `UNKNOWN` without an
-    /// `ErrorInfo` (a broken connection), and `ABORTED`/`CONCURRENT_MODIFICATION`.
+    /// `CANCELLED` and `DEADLINE_EXCEEDED` whatever the reason (the server's transport ends
+    /// a call whose `grpc-timeout` passed with a bare `CANCELLED`), `UNKNOWN` without an
+    /// `ErrorInfo` (a broken connection), `ABORTED`/`CONCURRENT_MODIFICATION` and
+    /// `RESOURCE_EXHAUSTED`/`SERVER_OVERLOADED` (load shedding; wait `retry_after`).
     /// Business answers (`LEASE_LOST`, `IDEMPOTENCY_KEY_REUSED`, ...) are never transient.
     pub fn is_transient(&self) -> bool {
         match self.code {
             Code::Unavailable | Code::Cancelled | Code::DeadlineExceeded => true,
             Code::Unknown => self.reason == ErrorReason::Transport,
             Code::Aborted => self.reason == ErrorReason::ConcurrentModification,
+            Code::ResourceExhausted => self.reason == ErrorReason::ServerOverloaded,
             _ => false,
         }
     }
@@ -201,6 +204,10 @@ pub enum ErrorReason {
     KeyPatternMismatch,
     /// `INVALID_ARGUMENT`: the Begin's attempt id is not 16-64 characters of `[A-Za-z0-9_-]`.
     InvalidAttemptId,
+    /// `RESOURCE_EXHAUSTED`: the server is serving as many calls as it allows
+    /// (`max_in_flight_requests`); nothing was done. Repeat the same call after the
+    /// `RetryInfo` delay.
+    ServerOverloaded,
     /// No `ErrorInfo`: the call failed in transport (unreachable server, no answer within
     /// the deadline, oversized message).
     Transport,
@@ -209,7 +216,7 @@ pub enum ErrorReason {
 }
 
 impl ErrorReason {
-    const NAMED: [(&'static str, ErrorReason); 37] = [
+    const NAMED: [(&'static str, ErrorReason); 38] = [
         ("IDEMPOTENCY_KEY_REUSED", Self::IdempotencyKeyReused),
         ("LEASE_LOST", Self::LeaseLost),
         ("CONCURRENT_MODIFICATION", Self::ConcurrentModification),
@@ -250,6 +257,7 @@ impl ErrorReason {
         ("INVALID_REVIEW", Self::InvalidReview),
         ("KEY_PATTERN_MISMATCH", Self::KeyPatternMismatch),
         ("INVALID_ATTEMPT_ID", Self::InvalidAttemptId),
+        ("SERVER_OVERLOADED", Self::ServerOverloaded),
     ];
 
     /// The reason as sent on the wire (`TRANSPORT` when there was no `ErrorInfo`).
@@ -353,6 +361,8 @@ mod tests {
             ClientError::from(Status::with_error_details(code, "", details))
         };
         assert!(business(Code::Aborted, "CONCURRENT_MODIFICATION").is_transient());
+        assert!(business(Code::ResourceExhausted, "SERVER_OVERLOADED").is_transient());
+        assert!(!business(Code::ResourceExhausted, "SOMETHING_ELSE").is_transient());
         assert!(!business(Code::AlreadyExists, "IDEMPOTENCY_KEY_REUSED").is_transient());
         assert!(!business(Code::FailedPrecondition, "OUTCOME_ALREADY_RECORDED").is_transient());
         assert!(!business(Code::Unknown, "SOMETHING_NEW").is_transient());

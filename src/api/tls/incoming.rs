@@ -6,6 +6,8 @@
 use std::io;
 use std::time::Duration;
 
+use futures::{Stream, StreamExt as _};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -43,17 +45,7 @@ async fn accept_loop(
                 Ok((stream, _)) => {
                     // As on the plaintext port: no Nagle delay between an answer's writes.
                     let _ = stream.set_nodelay(true);
-                    let acceptor = TlsAcceptor::from(tls.config());
-                    let sender = sender.clone();
-                    handshakes.spawn(async move {
-                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                            Ok(Ok(stream)) => {
-                                let _ = sender.send(Ok(stream)).await;
-                            }
-                            Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
-                            Err(_) => tracing::debug!("TLS handshake timed out"),
-                        }
-                    });
+                    handshakes.spawn(handshake(stream, &tls, sender.clone()));
                 }
                 Err(error) => {
                     tracing::debug!(%error, "accept failed");
@@ -63,6 +55,60 @@ async fn accept_loop(
                     }
                 }
             },
+        }
+    }
+}
+
+/// Connections from `accepted` (the gRPC port's bounded accept loop,
+/// [`crate::api::limits::incoming`], which keeps its own connection count and age), after
+/// their handshake under `tls`. The loop runs until the returned stream is dropped.
+pub fn incoming_from<IO>(
+    accepted: impl Stream<Item = io::Result<IO>> + Send + 'static,
+    tls: ServerTls,
+) -> ReceiverStream<io::Result<TlsStream<IO>>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, receiver) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut accepted = std::pin::pin!(accepted);
+        let mut handshakes = JoinSet::new();
+        loop {
+            tokio::select! {
+                () = sender.closed() => return,
+                Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
+                next = accepted.next() => match next {
+                    Some(Ok(stream)) => {
+                        handshakes.spawn(handshake(stream, &tls, sender.clone()));
+                    }
+                    // The accept loop waits after an error itself.
+                    Some(Err(error)) => tracing::debug!(%error, "accept failed"),
+                    None => return,
+                },
+            }
+        }
+    });
+    ReceiverStream::new(receiver)
+}
+
+/// The TLS handshake of one accepted connection under the configuration current now, given
+/// up after [`HANDSHAKE_TIMEOUT`]; the connection goes to `sender` once it succeeds.
+fn handshake<IO>(
+    stream: IO,
+    tls: &ServerTls,
+    sender: mpsc::Sender<io::Result<TlsStream<IO>>>,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let acceptor = TlsAcceptor::from(tls.config());
+    async move {
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => {
+                let _ = sender.send(Ok(stream)).await;
+            }
+            Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+            Err(_) => tracing::debug!("TLS handshake timed out"),
         }
     }
 }
