@@ -123,3 +123,21 @@ async fn the_go_client_sends_its_bearer_token(pool: PgPool) {
     let counts = app.counts("tenant-a/go:auth:payment");
     assert_eq!((counts.requests, counts.effects), (1, 1));
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_go_client_repeats_what_the_transport_refused_and_dials_with_the_service_config(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    go_test(
+        &app,
+        "^(TestABareCancelled|TestAShedCall|TestTheShippedServiceConfig|TestDialRepeats)",
+        &[
+            "TestABareCancelledFromAPassedDeadlineIsSafeToRepeat",
+            "TestAShedCallIsOverloadedWithItsRetryDelay",
+            "TestTheShippedServiceConfigIsTheContracts",
+            "TestDialRepeatsACallRefusedWithUnavailableByDefault",
+        ],
+    )
+    .await;
+}

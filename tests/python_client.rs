@@ -287,3 +287,13 @@ async fn the_python_client_reports_a_lease_granted_to_a_cancelled_caller_unknown
         assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
     }
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_python_client_repeats_what_the_transport_refused_and_ships_the_service_config(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    // A bare CANCELLED (a deadline that passed in the server) and a shed call are safe to
+    // repeat; gRPC itself repeats UNAVAILABLE as proto/opjournal/v1/service_config.json says.
+    pytest(&app, &["tests/test_transport.py"]).await;
+}

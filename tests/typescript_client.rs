@@ -370,3 +370,13 @@ async fn the_typescript_wrappers_store_what_functions_return_as_values(pool: PgP
     )
     .await;
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_typescript_client_repeats_what_the_transport_refused_and_applies_the_service_config(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    // A bare CANCELLED and a shed call are safe to repeat; the retry interceptor repeats
+    // UNAVAILABLE as proto/opjournal/v1/service_config.json says, at most maxAttempts times.
+    node_test(&app, "transport.test.js").await;
+}

@@ -10,6 +10,7 @@ package opjournal
 import (
 	"context"
 	"crypto/rand"
+	_ "embed"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -93,9 +94,22 @@ func New(conn grpc.ClientConnInterface, opts Options) *Client {
 	return c
 }
 
-// Dial connects to target ("host:port"). Pass grpc.WithInsecure() for a plaintext server,
-// or transport credentials for TLS; Close releases the connection.
+// ServiceConfig is the gRPC service config shipped with the server's contract
+// (proto/opjournal/v1/service_config.json; a test in the repository keeps this copy equal to
+// it): calls whose RPC is safe to repeat are retried by grpc-go on UNAVAILABLE, at most 4
+// attempts, throttled while most calls fail. The same request is sent again, so a retried
+// Begin carries the same key. grpc-go applies retry policies by default from v1.40; older
+// releases (Debian bookworm's 1.33) need GRPC_GO_RETRY=on in the environment.
+//
+//go:embed service_config.json
+var ServiceConfig string
+
+// Dial connects to target ("host:port") with ServiceConfig as the default service config
+// (a dial option of the caller's, such as grpc.WithDefaultServiceConfig or
+// grpc.WithDisableRetry, comes after it and wins). Pass grpc.WithInsecure() for a plaintext
+// server, or transport credentials for TLS; Close releases the connection.
 func Dial(target string, opts Options, dialOpts ...grpc.DialOption) (*Client, error) {
+	dialOpts = append([]grpc.DialOption{grpc.WithDefaultServiceConfig(ServiceConfig)}, dialOpts...)
 	conn, err := grpc.Dial(target, dialOpts...)
 	if err != nil {
 		return nil, err

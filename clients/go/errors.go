@@ -68,7 +68,8 @@ func (e *Error) Is(target error) bool {
 		return e.Reason == t.Reason && (e.Domain == ErrorDomain || e.Domain == "")
 	}
 	if t == ErrJournalUnavailable {
-		return e.Code == codes.Unavailable || e.Code == codes.DeadlineExceeded
+		return e.Code == codes.Unavailable || e.Code == codes.DeadlineExceeded ||
+			e.Code == codes.Canceled || e.Reason == ErrServerOverloaded.Reason
 	}
 	return e.Code == t.Code
 }
@@ -114,8 +115,15 @@ var (
 	ErrUnauthenticated = &Error{Code: codes.Unauthenticated}
 	// ErrPermissionDenied matches every PERMISSION_DENIED (role or namespace).
 	ErrPermissionDenied = &Error{Code: codes.PermissionDenied}
-	// ErrJournalUnavailable matches UNAVAILABLE and DEADLINE_EXCEEDED: the journal could
-	// not be reached or did not answer in time. Every opjournal call is safe to repeat.
+	// ErrServerOverloaded is RESOURCE_EXHAUSTED/SERVER_OVERLOADED: the server is serving as
+	// many calls as it allows and did nothing with this one; repeat it after RetryDelay. It
+	// also matches ErrJournalUnavailable.
+	ErrServerOverloaded = &Error{Code: codes.ResourceExhausted, Reason: "SERVER_OVERLOADED"}
+	// ErrJournalUnavailable matches UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED (the server's
+	// transport ends a call whose deadline passed with a bare CANCELLED, without ErrorInfo)
+	// and SERVER_OVERLOADED: the journal could not be reached, did not answer in time or
+	// did not take the call. Every opjournal call, Begin and the reports included, is safe
+	// to repeat with the same request.
 	ErrJournalUnavailable = &Error{Code: codes.Unavailable}
 )
 
@@ -169,7 +177,7 @@ func isLostAnswer(err error) bool {
 	case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded:
 		return true
 	}
-	return false
+	return e.Reason == ErrServerOverloaded.Reason
 }
 
 // contextErr is the caller's own cancellation, kept apart from a lost answer.

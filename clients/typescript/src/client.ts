@@ -14,6 +14,7 @@ import { randomUUID } from "node:crypto";
 import type { SecureClientSessionOptions } from "node:http2";
 
 import { decodeError, isLostAnswer, isLostBeginAnswer } from "./errors.js";
+import { retryInterceptor, SERVICE_CONFIG, type ServiceConfig } from "./service-config.js";
 import { jsonText, JsonValue } from "./json.js";
 import { execute, type ExecuteOptions, type Outcome, type ProviderCall, type ProviderResult } from "./execute.js";
 import {
@@ -69,6 +70,12 @@ export interface ConnectOptions extends ClientOptions {
    * private CA, `cert` and `key` are the client certificate for mutual TLS.
    */
   tls?: Pick<SecureClientSessionOptions, "ca" | "cert" | "key" | "servername">;
+  /**
+   * The gRPC service config whose retry policy is applied ({@link retryInterceptor}):
+   * {@link SERVICE_CONFIG} (the one shipped with the contract: RPCs safe to repeat are
+   * repeated on `UNAVAILABLE`, at most 4 attempts) unless given; `null` repeats nothing.
+   */
+  serviceConfig?: ServiceConfig | null;
 }
 
 /** The fields of BeginOperation; see {@link JournalClient.begin}. */
@@ -184,6 +191,11 @@ export class JournalClient {
   static connect(baseUrl: string, options: ConnectOptions = {}): JournalClient {
     const sessions = new Http2SessionManager(baseUrl, {}, options.tls ?? {});
     const interceptors = options.token ? [bearer(options.token)] : [];
+    const serviceConfig = options.serviceConfig === undefined ? SERVICE_CONFIG : options.serviceConfig;
+    if (serviceConfig !== null) {
+      // Outermost: each repeat goes through the other interceptors again.
+      interceptors.unshift(retryInterceptor(serviceConfig));
+    }
     const transport = createGrpcTransport({
       baseUrl,
       sessionManager: sessions,

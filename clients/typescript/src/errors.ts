@@ -114,11 +114,19 @@ export class UnauthenticatedError extends OpjournalError {}
 export class PermissionDeniedError extends OpjournalError {}
 /**
  * The journal could not be reached or did not answer in time (`UNAVAILABLE`,
- * `DEADLINE_EXCEEDED`). Every opjournal call is safe to repeat with backoff.
+ * `DEADLINE_EXCEEDED`, `CANCELLED`: the server's transport ends a call whose deadline
+ * passed with a bare `CANCELLED`, without `ErrorInfo`). The call may or may not have taken
+ * effect; every opjournal call, Begin and the reports included, is safe to repeat with the
+ * same request and backoff.
  */
 export class JournalUnavailableError extends OpjournalError {}
 /** `UNAVAILABLE` / `STORE_UNAVAILABLE`: the server cannot reach its database. */
 export class StoreUnavailableError extends JournalUnavailableError {}
+/**
+ * `RESOURCE_EXHAUSTED` / `SERVER_OVERLOADED`: the server is serving as many calls as it
+ * allows and did nothing with this one; repeat it after {@link OpjournalError.retryDelayMs}.
+ */
+export class ServerOverloadedError extends JournalUnavailableError {}
 
 type ErrorClass = new (init: OpjournalErrorInit) => OpjournalError;
 
@@ -134,6 +142,7 @@ const BY_REASON: Readonly<Record<string, ErrorClass>> = {
   OPERATION_CHANGED: OperationChangedError,
   KEY_DERIVATION_DISABLED: KeyDerivationDisabledError,
   STORE_UNAVAILABLE: StoreUnavailableError,
+  SERVER_OVERLOADED: ServerOverloadedError,
 };
 
 const BY_CODE: Partial<Record<Code, ErrorClass>> = {
@@ -142,6 +151,7 @@ const BY_CODE: Partial<Record<Code, ErrorClass>> = {
   [Code.PermissionDenied]: PermissionDeniedError,
   [Code.Unavailable]: JournalUnavailableError,
   [Code.DeadlineExceeded]: JournalUnavailableError,
+  [Code.Canceled]: JournalUnavailableError,
 };
 
 /**

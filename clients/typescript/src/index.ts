@@ -20,5 +20,6 @@ export * from "./errors.js";
 export * from "./execute.js";
 export * from "./idempotent.js";
 export * from "./json.js";
+export * from "./service-config.js";
 export * as v1 from "./gen/opjournal/v1/journal_pb.js";
 export * as providerAdapterV1 from "./gen/opjournal/v1/provider_adapter_pb.js";

@@ -72,13 +72,18 @@ impl ClientError {
     /// server could not act yet: `UNAVAILABLE` (unreachable server, `STORE_UNAVAILABLE`),
     /// `CANCELLED` and `DEADLINE_EXCEEDED` whatever the reason (the server's transport ends
     /// a call whose `grpc-timeout` passed with a bare `CANCELLED`), `UNKNOWN` without an
-    /// `ErrorInfo` (a broken connection), `ABORTED`/`CONCURRENT_MODIFICATION` and
+    /// `ErrorInfo` (a broken connection; not HTTP 431, headers over the server's limit), `ABORTED`/`CONCURRENT_MODIFICATION` and
     /// `RESOURCE_EXHAUSTED`/`SERVER_OVERLOADED` (load shedding; wait `retry_after`).
     /// Business answers (`LEASE_LOST`, `IDEMPOTENCY_KEY_REUSED`, ...) are never transient.
     pub fn is_transient(&self) -> bool {
         match self.code {
             Code::Unavailable | Code::Cancelled | Code::DeadlineExceeded => true,
-            Code::Unknown => self.reason == ErrorReason::Transport,
+            // Except HTTP 431: the request's headers are larger than the server accepts
+            // (`max_header_list_bytes`), and a repeat would carry the same headers.
+            Code::Unknown => {
+                self.reason == ErrorReason::Transport
+                    && !self.message.contains("HTTP status code 431")
+            }
             Code::Aborted => self.reason == ErrorReason::ConcurrentModification,
             Code::ResourceExhausted => self.reason == ErrorReason::ServerOverloaded,
             _ => false,
@@ -351,6 +356,8 @@ mod tests {
             );
         }
         assert!(ClientError::from(Status::unknown("connection reset")).is_transient());
+        let too_large = "grpc-status header missing, mapped from HTTP status code 431";
+        assert!(!ClientError::from(Status::unknown(too_large)).is_transient());
         assert!(ClientError::deadline(Duration::from_secs(1)).is_transient());
         let business = |code, reason: &str| {
             let details = tonic_types::ErrorDetails::with_error_info(

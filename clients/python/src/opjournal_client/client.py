@@ -7,6 +7,7 @@ bare ``grpc.RpcError``.
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 import grpc
@@ -36,12 +37,25 @@ __all__ = [
 
 _Response = TypeVar("_Response")
 
+#: The gRPC service config shipped with the server's contract
+#: (``proto/opjournal/v1/service_config.json``): calls whose RPC is safe to repeat are
+#: retried by gRPC itself on ``UNAVAILABLE`` (at most 4 attempts, backoff from 0.1 s to 2 s,
+#: throttled when most calls fail). The same request is sent again, so a retried Begin
+#: carries the same key.
+SERVICE_CONFIG: str = (
+    resources.files("opjournal_client").joinpath("service_config.json").read_text(encoding="utf-8")
+)
+
 #: Channel options every client channel gets unless the caller passes them: reconnect
-#: within a few seconds of a journal coming back (gRPC's default backoff grows to 120 s).
+#: within a few seconds of a journal coming back (gRPC's default backoff grows to 120 s),
+#: and :data:`SERVICE_CONFIG` (pass ``("grpc.service_config", ...)`` to replace it, or
+#: ``("grpc.enable_retries", 0)`` to turn retries off).
 DEFAULT_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.service_config", SERVICE_CONFIG),
+    ("grpc.enable_retries", 1),
 )
 
 

@@ -136,11 +136,20 @@ class PermissionDeniedError(OpjournalError):
 
 class JournalUnavailableError(OpjournalError):
     """The journal could not be reached or did not answer in time (``UNAVAILABLE``,
-    ``DEADLINE_EXCEEDED``). Every opjournal call is safe to repeat with backoff."""
+    ``DEADLINE_EXCEEDED``, ``CANCELLED``: the server's transport ends a call whose deadline
+    passed with a bare ``CANCELLED``, without ``ErrorInfo``). The call may or may not have
+    taken effect; every opjournal call, Begin and the reports included, is safe to repeat
+    with the same request and backoff."""
 
 
 class StoreUnavailableError(JournalUnavailableError):
     """``UNAVAILABLE`` / ``STORE_UNAVAILABLE``: the server cannot reach its database."""
+
+
+class ServerOverloadedError(JournalUnavailableError):
+    """``RESOURCE_EXHAUSTED`` / ``SERVER_OVERLOADED``: the server is serving as many calls as
+    it allows (``max_in_flight_requests``) and did nothing with this one; repeat it after
+    :attr:`retry_delay`."""
 
 
 _BY_REASON: dict[str, type[OpjournalError]] = {
@@ -155,6 +164,7 @@ _BY_REASON: dict[str, type[OpjournalError]] = {
     "OPERATION_CHANGED": OperationChangedError,
     "KEY_DERIVATION_DISABLED": KeyDerivationDisabledError,
     "STORE_UNAVAILABLE": StoreUnavailableError,
+    "SERVER_OVERLOADED": ServerOverloadedError,
 }
 
 _BY_CODE: dict[grpc.StatusCode, type[OpjournalError]] = {
@@ -163,6 +173,7 @@ _BY_CODE: dict[grpc.StatusCode, type[OpjournalError]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.UNAVAILABLE: JournalUnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: JournalUnavailableError,
+    grpc.StatusCode.CANCELLED: JournalUnavailableError,
 }
 
 

@@ -32,6 +32,11 @@ class OperationJournalStub:
     stable reason; see docs/errors.md for the catalog. When the server requires bearer
     tokens, calls without one get UNAUTHENTICATED, and calls outside the token's namespaces
     or roles PERMISSION_DENIED.
+
+    Every RPC declares its idempotency_level: NO_SIDE_EFFECTS for reads, IDEMPOTENT where
+    sending the same request again is safe (a repeated Begin with the same key finds the
+    operation it registered; a repeated report with the same token and outcome answers the
+    same record). proto/opjournal/v1/service_config.json retries them on UNAVAILABLE.
     """
 
     def __init__(self, channel):
@@ -89,6 +94,11 @@ class OperationJournalServicer:
     stable reason; see docs/errors.md for the catalog. When the server requires bearer
     tokens, calls without one get UNAUTHENTICATED, and calls outside the token's namespaces
     or roles PERMISSION_DENIED.
+
+    Every RPC declares its idempotency_level: NO_SIDE_EFFECTS for reads, IDEMPOTENT where
+    sending the same request again is safe (a repeated Begin with the same key finds the
+    operation it registered; a repeated report with the same token and outcome answers the
+    same record). proto/opjournal/v1/service_config.json retries them on UNAVAILABLE.
     """
 
     def BeginOperation(self, request, context):
@@ -219,6 +229,11 @@ class OperationJournal:
     stable reason; see docs/errors.md for the catalog. When the server requires bearer
     tokens, calls without one get UNAUTHENTICATED, and calls outside the token's namespaces
     or roles PERMISSION_DENIED.
+
+    Every RPC declares its idempotency_level: NO_SIDE_EFFECTS for reads, IDEMPOTENT where
+    sending the same request again is safe (a repeated Begin with the same key finds the
+    operation it registered; a repeated report with the same token and outcome answers the
+    same record). proto/opjournal/v1/service_config.json retries them on UNAVAILABLE.
     """
 
     @staticmethod

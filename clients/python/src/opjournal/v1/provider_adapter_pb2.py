@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#opjournal/v1/provider_adapter.proto\x12\x0copjournal.v1\"\xff\x01\n\x16LookupOperationRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x15\n\roperation_key\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63tion_type\x18\x03 \x01(\t\x12\x13\n\x0b\x65xternal_id\x18\x04 \x01(\t\x12H\n\nreferences\x18\x05 \x03(\x0b\x32\x34.opjournal.v1.LookupOperationRequest.ReferencesEntry\x12\x14\n\x0cprovider_key\x18\x06 \x01(\t\x1a\x31\n\x0fReferencesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9e\x01\n\x17LookupOperationResponse\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.opjournal.v1.LookupOutcome\x12\x13\n\x0b\x65xternal_id\x18\x02 \x01(\t\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x17\n\x0fsearch_complete\x18\x05 \x01(\x08*\xa2\x01\n\rLookupOutcome\x12\x1e\n\x1aLOOKUP_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18LOOKUP_OUTCOME_SUCCEEDED\x10\x01\x12\x19\n\x15LOOKUP_OUTCOME_FAILED\x10\x02\x12\x1a\n\x16LOOKUP_OUTCOME_PENDING\x10\x03\x12\x1c\n\x18LOOKUP_OUTCOME_NOT_FOUND\x10\x04\x32q\n\x0fProviderAdapter\x12^\n\x0fLookupOperation\x12$.opjournal.v1.LookupOperationRequest\x1a%.opjournal.v1.LookupOperationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#opjournal/v1/provider_adapter.proto\x12\x0copjournal.v1\"\xff\x01\n\x16LookupOperationRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x15\n\roperation_key\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63tion_type\x18\x03 \x01(\t\x12\x13\n\x0b\x65xternal_id\x18\x04 \x01(\t\x12H\n\nreferences\x18\x05 \x03(\x0b\x32\x34.opjournal.v1.LookupOperationRequest.ReferencesEntry\x12\x14\n\x0cprovider_key\x18\x06 \x01(\t\x1a\x31\n\x0fReferencesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9e\x01\n\x17LookupOperationResponse\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.opjournal.v1.LookupOutcome\x12\x13\n\x0b\x65xternal_id\x18\x02 \x01(\t\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x17\n\x0fsearch_complete\x18\x05 \x01(\x08*\xa2\x01\n\rLookupOutcome\x12\x1e\n\x1aLOOKUP_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18LOOKUP_OUTCOME_SUCCEEDED\x10\x01\x12\x19\n\x15LOOKUP_OUTCOME_FAILED\x10\x02\x12\x1a\n\x16LOOKUP_OUTCOME_PENDING\x10\x03\x12\x1c\n\x18LOOKUP_OUTCOME_NOT_FOUND\x10\x04\x32v\n\x0fProviderAdapter\x12\x63\n\x0fLookupOperation\x12$.opjournal.v1.LookupOperationRequest\x1a%.opjournal.v1.LookupOperationResponse\"\x03\x90\x02\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LOOKUPOPERATIONREQUEST_REFERENCESENTRY']._loaded_options = None
   _globals['_LOOKUPOPERATIONREQUEST_REFERENCESENTRY']._serialized_options = b'8\001'
+  _globals['_PROVIDERADAPTER'].methods_by_name['LookupOperation']._loaded_options = None
+  _globals['_PROVIDERADAPTER'].methods_by_name['LookupOperation']._serialized_options = b'\220\002\001'
   _globals['_LOOKUPOUTCOME']._serialized_start=473
   _globals['_LOOKUPOUTCOME']._serialized_end=635
   _globals['_LOOKUPOPERATIONREQUEST']._serialized_start=54
@@ -42,5 +44,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOOKUPOPERATIONRESPONSE']._serialized_start=312
   _globals['_LOOKUPOPERATIONRESPONSE']._serialized_end=470
   _globals['_PROVIDERADAPTER']._serialized_start=637
-  _globals['_PROVIDERADAPTER']._serialized_end=750
+  _globals['_PROVIDERADAPTER']._serialized_end=755
 # @@protoc_insertion_point(module_scope)
