@@ -365,3 +365,71 @@ async fn sigterm_during_a_burst_leaves_no_call_half_done(pool: PgPool) {
     assert!(expected.len() >= 50, "{} operations", expected.len());
     assert_eq!(rows, expected);
 }
+
+/// `opjournal serve` on `listen` over a new embedded journal, with `extra` flags.
+fn serve_args(dir: &std::path::Path, listen: &str, extra: &[&str]) -> Vec<String> {
+    let url = format!("sqlite://{}", dir.join("journal.db").display());
+    let mut args: Vec<String> = [
+        "serve",
+        "--listen",
+        listen,
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--database-url",
+        &url,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    args
+}
+
+#[tokio::test]
+async fn serve_refuses_a_reachable_address_without_authentication_unless_told_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = env!("CARGO_BIN_EXE_opjournal");
+    // Every address of the host, no tokens, no client certificates: refused, saying why.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        Command::new(binary)
+            .args(serve_args(dir.path(), "0.0.0.0:0", &[]))
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("serve exits")
+    .unwrap();
+    assert!(!refused.status.success());
+    assert!(refused.stdout.is_empty(), "it never listened");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    for named in ["without authentication", "tokens", "insecure_allow_unauthenticated"] {
+        assert!(said.contains(named), "{named}: {said}");
+    }
+
+    // Told so explicitly (the flag, or the variable): it serves.
+    let serves = |extra: &'static [&'static str], env: Vec<(&'static str, String)>| {
+        let args = serve_args(dir.path(), "0.0.0.0:0", extra);
+        async move {
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let (child, address) =
+                start_with_env(binary, &args, &env, "opjournal listening on").await;
+            let port = address.rsplit(':').next().unwrap();
+            wait_serving(&format!("127.0.0.1:{port}"), "").await;
+            terminate(child).await;
+        }
+    };
+    serves(&["--insecure-allow-unauthenticated"], vec![]).await;
+    serves(
+        &[],
+        vec![("OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED", "true".to_owned())],
+    )
+    .await;
+    // With a token it needs no such setting.
+    let token = format!(
+        "[{{name=\"orchestrator\", sha256=\"{}\", namespaces=[\"*\"], roles=[\"client\"]}}]",
+        "ab".repeat(32)
+    );
+    serves(&[], vec![("OPJOURNAL_TOKENS", token)]).await;
+}

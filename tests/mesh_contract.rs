@@ -114,7 +114,9 @@ fn every_client_ships_the_same_service_config() {
     }
     let ts = std::fs::read_to_string(format!("{ROOT}/clients/typescript/src/service-config.ts"))
         .unwrap();
-    let object = &ts[ts.find("= {").unwrap() + 2..=ts.rfind('}').unwrap()];
+    let start = ts.find("SERVICE_CONFIG: ServiceConfig = {").unwrap();
+    let object = &ts[start..];
+    let object = &object[object.find('{').unwrap()..=object.find("\n};").unwrap() + 1];
     let copy: serde_json::Value = serde_json::from_str(object).unwrap();
     assert_eq!(copy, expected, "service-config.ts");
 }
