@@ -404,7 +404,11 @@ async fn serve_refuses_a_reachable_address_without_authentication_unless_told_so
     assert!(!refused.status.success());
     assert!(refused.stdout.is_empty(), "it never listened");
     let said = String::from_utf8_lossy(&refused.stderr);
-    for named in ["without authentication", "tokens", "insecure_allow_unauthenticated"] {
+    for named in [
+        "without authentication",
+        "tokens",
+        "insecure_allow_unauthenticated",
+    ] {
         assert!(said.contains(named), "{named}: {said}");
     }
 
@@ -423,7 +427,10 @@ async fn serve_refuses_a_reachable_address_without_authentication_unless_told_so
     serves(&["--insecure-allow-unauthenticated"], vec![]).await;
     serves(
         &[],
-        vec![("OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED", "true".to_owned())],
+        vec![(
+            "OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED",
+            "true".to_owned(),
+        )],
     )
     .await;
     // With a token it needs no such setting.

@@ -22,8 +22,8 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Every RPC of every service in the protocol, as `Service/Method`, with its declared level.
 fn declared_levels() -> BTreeMap<String, Option<IdempotencyLevel>> {
-    let set = prost_types::FileDescriptorSet::decode(opjournal::proto::FILE_DESCRIPTOR_SET)
-        .unwrap();
+    let set =
+        prost_types::FileDescriptorSet::decode(opjournal::proto::FILE_DESCRIPTOR_SET).unwrap();
     let mut levels = BTreeMap::new();
     for file in set.file.iter().filter(|f| f.package() == "opjournal.v1") {
         for service in &file.service {
@@ -72,7 +72,10 @@ fn the_service_config_retries_only_unavailable_and_only_repeatable_rpcs() {
     let mut retried = Vec::new();
     for method in methods {
         let policy = &method["retryPolicy"];
-        assert_eq!(policy["retryableStatusCodes"], serde_json::json!(["UNAVAILABLE"]));
+        assert_eq!(
+            policy["retryableStatusCodes"],
+            serde_json::json!(["UNAVAILABLE"])
+        );
         assert!(policy["maxAttempts"].as_u64().unwrap() <= 5);
         for name in method["name"].as_array().unwrap() {
             let service = name["service"].as_str().unwrap();
@@ -96,7 +99,10 @@ fn the_service_config_retries_only_unavailable_and_only_repeatable_rpcs() {
     }
     // A person's decision and an operator's lookup answer differently when repeated after
     // the first took effect; the operator repeats them knowingly.
-    for rpc in ["Reconciler/ResolveOperation", "Reconciler/ReconcileOperation"] {
+    for rpc in [
+        "Reconciler/ResolveOperation",
+        "Reconciler/ReconcileOperation",
+    ] {
         assert!(!retried.iter().any(|r| r == rpc), "{rpc} is retried");
     }
 }
@@ -110,7 +116,10 @@ fn every_client_ships_the_same_service_config() {
     ] {
         let text = std::fs::read_to_string(format!("{ROOT}/{path}")).unwrap();
         let copy: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(copy, expected, "{path}: copy proto/opjournal/v1/service_config.json");
+        assert_eq!(
+            copy, expected,
+            "{path}: copy proto/opjournal/v1/service_config.json"
+        );
     }
     let ts = std::fs::read_to_string(format!("{ROOT}/clients/typescript/src/service-config.ts"))
         .unwrap();
@@ -121,10 +130,7 @@ fn every_client_ships_the_same_service_config() {
     assert_eq!(copy, expected, "service-config.ts");
 }
 
-async fn reflect(
-    app: &TestApp,
-    request: MessageRequest,
-) -> Result<MessageResponse, tonic::Status> {
+async fn reflect(app: &TestApp, request: MessageRequest) -> Result<MessageResponse, tonic::Status> {
     let mut client = ServerReflectionClient::new(app.channel.clone());
     let request = ServerReflectionRequest {
         host: String::new(),
@@ -153,18 +159,29 @@ async fn reflection_resolves_the_error_details_and_lists_only_served_services(po
     for served in opjournal::proto::SERVICES {
         assert!(names.iter().any(|n| n == served), "{served} in {names:?}");
     }
-    assert!(names.iter().any(|n| n == "grpc.health.v1.Health"), "{names:?}");
-    assert!(!names.iter().any(|n| n.contains("ProviderAdapter")), "{names:?}");
+    assert!(
+        names.iter().any(|n| n == "grpc.health.v1.Health"),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n.contains("ProviderAdapter")),
+        "{names:?}"
+    );
 
-    for detail in ["google.rpc.ErrorInfo", "google.rpc.RetryInfo", "google.rpc.BadRequest"] {
+    for detail in [
+        "google.rpc.ErrorInfo",
+        "google.rpc.RetryInfo",
+        "google.rpc.BadRequest",
+    ] {
         let answer = reflect(&app, MessageRequest::FileContainingSymbol(detail.into()))
             .await
             .unwrap();
         let MessageResponse::FileDescriptorResponse(files) = answer else {
             panic!("{detail}: {answer:?}");
         };
-        let file = prost_types::FileDescriptorProto::decode(files.file_descriptor_proto[0].as_slice())
-            .unwrap();
+        let file =
+            prost_types::FileDescriptorProto::decode(files.file_descriptor_proto[0].as_slice())
+                .unwrap();
         assert_eq!(file.package(), "google.rpc", "{detail}");
     }
     let refused = reflect(

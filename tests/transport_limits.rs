@@ -97,10 +97,7 @@ impl AsyncWrite for GatedIo {
         Pin::new(&mut self.tcp).poll_flush(cx)
     }
 
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.tcp).poll_shutdown(cx)
     }
 }
@@ -139,7 +136,9 @@ fn open_call(
     for (name, value) in extra {
         request = request.header(*name, *value);
     }
-    client.send_request(request.body(()).unwrap(), false).unwrap()
+    client
+        .send_request(request.body(()).unwrap(), false)
+        .unwrap()
 }
 
 /// One gRPC message frame: uncompressed, length-prefixed.
@@ -194,10 +193,7 @@ async fn one_connection_cannot_open_more_streams_than_the_limit_and_others_are_s
         tokio::task::yield_now().await;
     }
     gate.open();
-    let (held, over): (Vec<_>, Vec<_>) = calls
-        .into_iter()
-        .enumerate()
-        .partition(|(i, _)| *i < 8);
+    let (held, over): (Vec<_>, Vec<_>) = calls.into_iter().enumerate().partition(|(i, _)| *i < 8);
 
     let mut refused = 0;
     for (_, (response, _stream)) in over {
@@ -226,9 +222,7 @@ async fn one_connection_cannot_open_more_streams_than_the_limit_and_others_are_s
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
-async fn calls_past_the_in_flight_limit_are_shed_with_retry_info_and_health_is_not(
-    pool: PgPool,
-) {
+async fn calls_past_the_in_flight_limit_are_shed_with_retry_info_and_health_is_not(pool: PgPool) {
     let app = spawn_limited(
         pool,
         TransportLimits {

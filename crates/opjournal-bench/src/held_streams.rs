@@ -120,10 +120,7 @@ impl AsyncWrite for GatedIo {
         Pin::new(&mut self.tcp).poll_flush(cx)
     }
 
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.tcp).poll_shutdown(cx)
     }
 }
@@ -182,14 +179,13 @@ async fn hold_streams(
     gate.open();
     let deadline = tokio::time::Instant::now() + hold;
     let mut streams = Streams::default();
-    let outcomes = futures::future::join_all(responses.into_iter().map(|(response, stream)| {
-        async move {
+    let outcomes =
+        futures::future::join_all(responses.into_iter().map(|(response, stream)| async move {
             let outcome = tokio::time::timeout_at(deadline, response).await;
             drop(stream);
             outcome
-        }
-    }))
-    .await;
+        }))
+        .await;
     for outcome in outcomes {
         match outcome {
             Err(_) => streams.held += 1,
@@ -200,8 +196,8 @@ async fn hold_streams(
             Ok(Err(_)) => streams.connection_ended += 1,
         }
     }
-    streams.connection_ended += count - streams.held - streams.answered - streams.refused
-        - streams.connection_ended;
+    streams.connection_ended +=
+        count - streams.held - streams.answered - streams.refused - streams.connection_ended;
     drop(client);
     driver.abort();
     Ok(streams)
@@ -240,7 +236,11 @@ async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let url = format!("sqlite://{}", dir.path().join("journal.db").display());
     let env: Vec<(&str, &str)> = std::iter::once(("RUST_LOG", "warn"))
-        .chain(args.server_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .chain(
+            args.server_env
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        )
         .collect();
     let (mut server, address) = Process::start(
         "opjournal",
