@@ -73,7 +73,7 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 100;
 /// Default header list limit: 16 KiB, what hyper and gRPC C-core accept by default.
 pub const DEFAULT_MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// Default calls in flight over all connections.
-pub const DEFAULT_MAX_IN_FLIGHT_REQUESTS: usize = 256;
+pub const DEFAULT_MAX_IN_FLIGHT_REQUESTS: usize = 128;
 /// Default connections open at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 

@@ -128,13 +128,16 @@ impl AsyncWrite for GatedIo {
 /// What became of the held connection's streams.
 #[derive(Debug, Default)]
 struct Streams {
+    /// Never opened: the client held them back because the server's limit was reached.
+    not_sent: usize,
     /// Answered (with a gRPC status) while held: shed, or a deadline.
     answered: usize,
     /// Refused with REFUSED_STREAM.
     refused: usize,
-    /// Ended by a connection-level error (GOAWAY, reset).
+    /// Ended by another HTTP/2 error (a reset of another kind, GOAWAY).
     connection_ended: usize,
-    /// Still open when the connection was closed.
+    /// Opened and unanswered when the connection was closed (open at the server, or
+    /// queued in the client once it had read the server's limit).
     held: usize,
 }
 
@@ -167,7 +170,14 @@ async fn hold_streams(
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .body(())?;
-        client = client.ready().await?;
+        // A client that honours the limit waits here once it is reached: it stops opening.
+        let ready = futures::future::poll_fn(|cx| client.poll_ready(cx));
+        if !matches!(
+            tokio::time::timeout(Duration::from_secs(1), ready).await,
+            Ok(Ok(()))
+        ) {
+            break;
+        }
         match client.send_request(request, false) {
             Ok((response, stream)) => responses.push((response, stream)),
             Err(_) => break,
@@ -176,9 +186,12 @@ async fn hold_streams(
             tokio::task::yield_now().await;
         }
     }
+    let mut streams = Streams {
+        not_sent: count - responses.len(),
+        ..Streams::default()
+    };
     gate.open();
     let deadline = tokio::time::Instant::now() + hold;
-    let mut streams = Streams::default();
     let outcomes =
         futures::future::join_all(responses.into_iter().map(|(response, stream)| async move {
             let outcome = tokio::time::timeout_at(deadline, response).await;
@@ -196,8 +209,6 @@ async fn hold_streams(
             Ok(Err(_)) => streams.connection_ended += 1,
         }
     }
-    streams.connection_ended +=
-        count - streams.held - streams.answered - streams.refused - streams.connection_ended;
     drop(client);
     driver.abort();
     Ok(streams)
@@ -287,7 +298,7 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("baseline RSS: {baseline:.1} MiB");
     println!(
-        "round | held | refused | answered | ended | peak RSS MiB | after close MiB | other client p50 / p99 / max ms | other client errors"
+        "round | not sent | unanswered | refused | answered | ended | peak RSS MiB | after close MiB | other client p50 / p99 / max ms | other client errors"
     );
     let mut peak_overall = baseline;
     let mut last_after = baseline;
@@ -323,7 +334,8 @@ async fn main() -> anyhow::Result<()> {
         last_after = after;
         let ms = |q: f64| latencies.value_at_quantile(q) as f64 / 1000.0;
         println!(
-            "{round} | {} | {} | {} | {} | {peak:.1} | {after:.1} | {:.1} / {:.1} / {:.1} ({} calls) | {errors}",
+            "{round} | {} | {} | {} | {} | {} | {peak:.1} | {after:.1} | {:.1} / {:.1} / {:.1} ({} calls) | {errors}",
+            streams.not_sent,
             streams.held,
             streams.refused,
             streams.answered,
