@@ -331,3 +331,32 @@ async fn headers_over_the_limit_fail_that_call_only_and_repeating_it_cannot_help
         get_with_header(&app, 100).await.unwrap();
     }
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_connection_past_its_age_and_grace_is_closed_even_with_a_call_held_open(pool: PgPool) {
+    let app = spawn_limited(
+        pool,
+        TransportLimits {
+            max_connection_age: Some(Duration::from_millis(500)),
+            max_connection_age_grace: Some(Duration::from_millis(500)),
+            ..TransportLimits::default()
+        },
+    )
+    .await;
+    let mut raw = raw_connection(app.addr).await;
+    // A call whose request never ends would keep a graceful close waiting for ever.
+    let (held, _stream) = open_call(&mut raw, GET_OPERATION, &[]);
+    let ended = tokio::time::timeout(Duration::from_secs(60), held)
+        .await
+        .expect("the connection is closed after its age and grace");
+    assert!(ended.is_err(), "the held call got no answer: {ended:?}");
+    // A new connection is served.
+    let mut fresh = proto::operation_journal_client::OperationJournalClient::connect(format!(
+        "http://{}",
+        app.addr
+    ))
+    .await
+    .unwrap();
+    let status = fresh.get_operation(missing_key()).await.unwrap_err();
+    assert_eq!(reason(&status), "OPERATION_NOT_FOUND");
+}
