@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, body_bytes};
 use crate::payments::path_param;
-use crate::{KeyCounts, Sandbox};
+use crate::{KeyCounts, LedgerEntry, Sandbox};
 
 /// Answer of `GET /v1/effects/{key}`.
 #[derive(Serialize)]
@@ -42,6 +42,19 @@ pub(crate) async fn effects(
 /// `GET /v1/stats`: totals over all keys.
 pub(crate) async fn stats(State(sandbox): State<Sandbox>) -> Json<KeyCounts> {
     Json(sandbox.lock().totals())
+}
+
+/// Answer of `GET /v1/admin/ledger`.
+#[derive(Serialize)]
+pub(crate) struct Ledger {
+    keys: Vec<LedgerEntry>,
+}
+
+/// `GET /v1/admin/ledger`: every key with its counters and effect ids.
+pub(crate) async fn ledger(State(sandbox): State<Sandbox>) -> Json<Ledger> {
+    Json(Ledger {
+        keys: sandbox.ledger(),
+    })
 }
 
 /// `PUT /v1/admin/lookup-lag` with `{"seconds": f64}`: 204.

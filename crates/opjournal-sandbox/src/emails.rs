@@ -60,6 +60,7 @@ pub(crate) async fn send(
                 "the recipient was rejected; nothing was sent (injected fault)",
             ));
         }
+        Some(Fault::Slow) => sandbox.slow().await,
         Some(Fault::CommitThenTimeout) | None => {}
     }
 

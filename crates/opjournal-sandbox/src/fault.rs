@@ -16,6 +16,8 @@ pub(crate) enum Fault {
     FailBeforeStore,
     /// Definitive rejection: store nothing, answer 402 / 422.
     Reject,
+    /// Take the configured slow delay, then store and answer as normal.
+    Slow,
 }
 
 impl Fault {
@@ -29,10 +31,11 @@ impl Fault {
             Ok("commit-then-timeout") => Ok(Some(Self::CommitThenTimeout)),
             Ok("fail-before-store") => Ok(Some(Self::FailBeforeStore)),
             Ok("reject") => Ok(Some(Self::Reject)),
+            Ok("slow") => Ok(Some(Self::Slow)),
             _ => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_fault",
-                "X-Sandbox-Fault must be one of: commit-then-timeout, fail-before-store, reject",
+                "X-Sandbox-Fault must be one of: commit-then-timeout, fail-before-store, reject, slow",
             )),
         }
     }

@@ -19,12 +19,16 @@
 //! Faults are injected per request with the `X-Sandbox-Fault` header:
 //! `commit-then-timeout` (store the effect, then stall the answer for the
 //! configured hang so the client times out), `fail-before-store` (503, nothing
-//! stored) and `reject` (402 `card_declined` / 422 `recipient_rejected`,
-//! nothing stored).
+//! stored), `reject` (402 `card_declined` / 422 `recipient_rejected`,
+//! nothing stored) and `slow` (take the configured slow delay, then store and
+//! answer as normal; whether a client that gives up during the delay still
+//! gets its effect stored is up to the HTTP server noticing the disconnect:
+//! treat it as unknown).
 //!
 //! Fault order: a request is first validated (400s), then `fail-before-store`
-//! and `reject` answer without looking at the store; `commit-then-timeout`
-//! runs the normal logic (create, replay or 422) and stalls before answering.
+//! and `reject` answer without looking at the store; `slow` waits, then runs
+//! the normal logic; `commit-then-timeout` runs the normal logic (create,
+//! replay or 422) and stalls before answering.
 //!
 //! Counters prove "exactly one effect": `GET /v1/effects/{key}` gives
 //! [`KeyCounts`] for one key, `GET /v1/stats` the totals, and
@@ -32,6 +36,13 @@
 //! `requests` counts every POST to `/v1/payments` or `/v1/emails`, even one
 //! refused before its key was read; lookups by payment id are not counted. The lag can be changed
 //! at run time with `PUT /v1/admin/lookup-lag` or [`Sandbox::set_lookup_lag`].
+//! `GET /v1/admin/ledger` (and [`Sandbox::ledger`]) lists every key with its
+//! counters and the ids of the effects stored under it, for a checker that
+//! compares a whole run against the journal.
+//!
+//! [`Defect`] makes the sandbox a deliberately broken provider, to prove that
+//! such a checker notices: with [`Defect::StorePaymentsTwice`] every new
+//! payment is stored twice. Never on by default.
 //! Every error body is `{"error": "<snake_case_code>", "message": "<text>"}`.
 //!
 //! Request bodies are never logged: each request is logged with its method,
@@ -70,6 +81,12 @@ pub struct SandboxConfig {
     /// How long a request carrying `X-Sandbox-Fault: commit-then-timeout`
     /// stalls after storing its effect before it answers. Default: 30 s.
     pub hang: Duration,
+    /// How long a request carrying `X-Sandbox-Fault: slow` waits before it
+    /// stores its effect and answers. Default: 2 s.
+    pub slow: Duration,
+    /// A deliberate defect, for testing a checker; `None` (the default) is a
+    /// correct provider.
+    pub defect: Option<Defect>,
 }
 
 impl Default for SandboxConfig {
@@ -77,8 +94,37 @@ impl Default for SandboxConfig {
         Self {
             lookup_lag: Duration::ZERO,
             hang: Duration::from_secs(30),
+            slow: Duration::from_secs(2),
+            defect: None,
         }
     }
+}
+
+/// A deliberately broken behaviour of the sandbox: a provider bug that a
+/// fault-injection suite must catch. Never use one outside such a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Defect {
+    /// Every new payment is stored twice, under two payment ids, and counted
+    /// as two effects of its key (replays and lookups show the first). The
+    /// opposite of what an idempotent provider promises.
+    StorePaymentsTwice,
+}
+
+/// One key in the [`Sandbox::ledger`]: its counters and what was stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    /// A payment's idempotency key or an e-mail's external reference.
+    pub key: String,
+    /// The same counters as `GET /v1/effects/{key}`.
+    #[serde(flatten)]
+    pub counts: KeyCounts,
+    /// POSTs answered with an effect stored earlier under this key (a payment
+    /// replayed by its idempotency key): calls that would have been duplicate
+    /// effects at a provider without idempotency.
+    pub replays: u64,
+    /// The provider's ids of the stored effects (`pay_…`, `em_…`), oldest
+    /// first; as many as `counts.effects`.
+    pub effect_ids: Vec<String>,
 }
 
 /// Effect counters for one key (a payment's idempotency key or an e-mail's
@@ -103,6 +149,8 @@ pub struct KeyCounts {
 pub struct Sandbox {
     store: Arc<Mutex<Store>>,
     hang: Duration,
+    slow: Duration,
+    defect: Option<Defect>,
     /// Flips to `true` when a [`Sandbox::serve`] call is shutting down, so
     /// that stalled `commit-then-timeout` requests stop waiting.
     shutting_down: Arc<watch::Sender<bool>>,
@@ -115,6 +163,8 @@ impl Sandbox {
         Self {
             store: Arc::new(Mutex::new(Store::new(config.lookup_lag))),
             hang: config.hang,
+            slow: config.slow,
+            defect: config.defect,
             shutting_down: Arc::new(shutting_down),
         }
     }
@@ -151,6 +201,13 @@ impl Sandbox {
         self.lock().counts(key)
     }
 
+    /// Every key seen by an effect POST or a lookup, sorted by key, with its
+    /// counters and the ids of its stored effects (served as
+    /// `GET /v1/admin/ledger`).
+    pub fn ledger(&self) -> Vec<LedgerEntry> {
+        self.lock().ledger()
+    }
+
     /// The W3C `traceparent` header values that lookups of `key` (a payment's idempotency
     /// key or an e-mail's external reference) carried, oldest first: how a test sees that a
     /// reconcile lookup continued the journal's trace.
@@ -170,11 +227,25 @@ impl Sandbox {
         self.store.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The deliberate defect this sandbox runs with, if any.
+    pub(crate) fn defect(&self) -> Option<Defect> {
+        self.defect
+    }
+
     /// Stalls for the configured hang, or less if the server shuts down.
     pub(crate) async fn hang(&self) {
+        self.stall(self.hang).await;
+    }
+
+    /// Waits for the configured slow delay, or less if the server shuts down.
+    pub(crate) async fn slow(&self) {
+        self.stall(self.slow).await;
+    }
+
+    async fn stall(&self, length: Duration) {
         let mut rx = self.shutting_down.subscribe();
         tokio::select! {
-            () = tokio::time::sleep(self.hang) => {}
+            () = tokio::time::sleep(length) => {}
             _ = rx.wait_for(|down| *down) => {}
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use opjournal_sandbox::{Sandbox, SandboxConfig};
+use opjournal_sandbox::{Defect, Sandbox, SandboxConfig};
 use tracing_subscriber::EnvFilter;
 
 /// Fake HTTP payment and e-mail provider with an in-memory store, for tests,
@@ -45,6 +45,28 @@ struct Args {
         default_value_t = 30.0
     )]
     hang_seconds: f64,
+
+    /// Seconds a `slow` request waits before it stores its effect and answers.
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        env = "OPJOURNAL_SANDBOX_SLOW_SECONDS",
+        default_value_t = 2.0
+    )]
+    slow_seconds: f64,
+
+    /// Run as a deliberately broken provider, to prove that a checker (the
+    /// fault-injection suite, `opjournal-chaos`) catches the bug. Never for
+    /// anything else.
+    #[arg(long, value_enum)]
+    deliberately_broken: Option<BrokenMode>,
+}
+
+/// The deliberate defects `--deliberately-broken` can switch on.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum BrokenMode {
+    /// Store every new payment twice (two payment ids, two effects).
+    StorePaymentsTwice,
 }
 
 fn seconds(name: &str, value: f64) -> anyhow::Result<Duration> {
@@ -93,7 +115,14 @@ async fn main() -> anyhow::Result<()> {
     let config = SandboxConfig {
         lookup_lag: seconds("--lookup-lag-seconds", args.lookup_lag_seconds)?,
         hang: seconds("--hang-seconds", args.hang_seconds)?,
+        slow: seconds("--slow-seconds", args.slow_seconds)?,
+        defect: args.deliberately_broken.map(|mode| match mode {
+            BrokenMode::StorePaymentsTwice => Defect::StorePaymentsTwice,
+        }),
     };
+    if let Some(defect) = config.defect {
+        tracing::warn!(?defect, "running as a DELIBERATELY BROKEN provider");
+    }
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -7,10 +7,10 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::Sandbox;
 use crate::error::{ApiError, body_bytes, parse_object, required_str};
 use crate::fault::Fault;
 use crate::store::PaymentOutcome;
+use crate::{Defect, Sandbox};
 
 /// Name of the idempotency header.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -70,14 +70,16 @@ pub(crate) async fn create(
                 "the card was declined; nothing was charged (injected fault)",
             ));
         }
+        Some(Fault::Slow) => sandbox.slow().await,
         Some(Fault::CommitThenTimeout) | None => {}
     }
 
     // Stored synchronously, before any await: a client that gives up while
     // the answer stalls cannot undo the effect.
+    let twice = sandbox.defect() == Some(Defect::StorePaymentsTwice);
     let outcome = sandbox
         .lock()
-        .create_payment(&key, request, amount_minor, currency);
+        .create_payment(&key, request, amount_minor, currency, twice);
     if fault == Some(Fault::CommitThenTimeout) {
         sandbox.hang().await;
     }

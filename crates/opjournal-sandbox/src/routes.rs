@@ -29,6 +29,7 @@ pub(crate) fn router(sandbox: Sandbox) -> Router {
     let router = route(router, "/v1/effects/{key}", get(admin::effects));
     let router = route(router, "/v1/stats", get(admin::stats));
     let router = route(router, "/v1/admin/lookup-lag", put(admin::set_lookup_lag));
+    let router = route(router, "/v1/admin/ledger", get(admin::ledger));
     let router = route(router, "/healthz", get(admin::healthz));
     router.fallback(unknown_route).with_state(sandbox)
 }

@@ -7,7 +7,7 @@ use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::KeyCounts;
+use crate::{KeyCounts, LedgerEntry};
 
 /// A payment as the API shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -86,6 +86,14 @@ pub(crate) struct Store {
     counts: HashMap<String, KeyCounts>,
     totals: KeyCounts,
     lookup_traceparents: HashMap<String, Vec<String>>,
+    /// Per key: the ids of its stored effects, oldest first.
+    effect_ids: HashMap<String, Vec<String>>,
+    /// Per key: POSTs answered with an effect stored earlier.
+    replays: HashMap<String, u64>,
+}
+
+fn payment_id() -> String {
+    format!("pay_{}", uuid::Uuid::new_v4().simple())
 }
 
 fn now_rfc3339() -> String {
@@ -103,6 +111,8 @@ impl Store {
             counts: HashMap::new(),
             totals: KeyCounts::default(),
             lookup_traceparents: HashMap::new(),
+            effect_ids: HashMap::new(),
+            replays: HashMap::new(),
         }
     }
 
@@ -149,9 +159,29 @@ impl Store {
         self.counts.entry(key.to_owned()).or_default().requests += 1;
     }
 
-    fn note_effect(&mut self, key: &str) {
+    fn note_effect(&mut self, key: &str, id: &str) {
         self.counts.entry(key.to_owned()).or_default().effects += 1;
         self.totals.effects += 1;
+        self.effect_ids
+            .entry(key.to_owned())
+            .or_default()
+            .push(id.to_owned());
+    }
+
+    /// Every key seen, sorted, with its counters, replays and effect ids.
+    pub fn ledger(&self) -> Vec<LedgerEntry> {
+        let mut entries: Vec<LedgerEntry> = self
+            .counts
+            .iter()
+            .map(|(key, counts)| LedgerEntry {
+                key: key.clone(),
+                counts: *counts,
+                replays: self.replays.get(key).copied().unwrap_or(0),
+                effect_ids: self.effect_ids.get(key).cloned().unwrap_or_default(),
+            })
+            .collect();
+        entries.sort_by(|a, b| a.key.cmp(&b.key));
+        entries
     }
 
     fn note_lookup(&mut self, key: &str) {
@@ -164,22 +194,26 @@ impl Store {
     }
 
     /// Creates a payment for `key`, or replays or refuses it if the key is known.
+    /// `twice` is the deliberate defect [`crate::Defect::StorePaymentsTwice`]:
+    /// a new payment is stored a second time under another id.
     pub fn create_payment(
         &mut self,
         key: &str,
         request: Value,
         amount_minor: u64,
         currency: String,
+        twice: bool,
     ) -> PaymentOutcome {
         if let Some(stored) = self.payments_by_key.get(key) {
             return if stored.request == request {
+                *self.replays.entry(key.to_owned()).or_default() += 1;
                 PaymentOutcome::Replayed(stored.payment.clone())
             } else {
                 PaymentOutcome::KeyReused
             };
         }
         let payment = Payment {
-            id: format!("pay_{}", uuid::Uuid::new_v4().simple()),
+            id: payment_id(),
             status: "succeeded",
             amount_minor,
             currency,
@@ -203,7 +237,12 @@ impl Store {
                 stored_at: Instant::now(),
             },
         );
-        self.note_effect(key);
+        self.note_effect(key, &payment.id);
+        if twice {
+            let copy = payment_id();
+            self.payment_keys_by_id.insert(copy.clone(), key.to_owned());
+            self.note_effect(key, &copy);
+        }
         PaymentOutcome::Created(payment)
     }
 
@@ -240,7 +279,7 @@ impl Store {
                 email: email.clone(),
                 stored_at: Instant::now(),
             });
-        self.note_effect(reference);
+        self.note_effect(reference, &email.id);
         email
     }
 

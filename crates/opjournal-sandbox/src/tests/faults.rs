@@ -140,6 +140,7 @@ async fn shutdown_cuts_a_stall_short() {
     let sandbox = Sandbox::new(SandboxConfig {
         lookup_lag: Duration::ZERO,
         hang: Duration::from_secs(600),
+        ..SandboxConfig::default()
     });
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use crate::{Sandbox, SandboxConfig, spawn};
 
 mod faults;
+mod ledger;
 mod lookups;
 mod payments;
 
@@ -46,6 +47,7 @@ pub(super) async fn start(lag: Duration, hang: Duration) -> (String, Sandbox) {
     spawn(SandboxConfig {
         lookup_lag: lag,
         hang,
+        ..SandboxConfig::default()
     })
     .await
     .unwrap()
