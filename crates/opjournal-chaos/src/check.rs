@@ -73,6 +73,11 @@ pub struct Verdict {
     pub provider_replays: u64,
     /// Acknowledged reports checked.
     pub acks_checked: u64,
+    /// Keys a reconcile lookup was made for (their outcome was unknown at some point).
+    pub looked_up: u64,
+    /// Keys granted more than one lease (executed again after a release, or a lease that
+    /// ended unreported).
+    pub leased_more_than_once: u64,
 }
 
 impl Verdict {

@@ -173,6 +173,11 @@ impl Report {
             verdict.provider_replays,
         );
         outcomes.insert("acknowledged reports checked".into(), verdict.acks_checked);
+        outcomes.insert("keys looked up by a worker".into(), verdict.looked_up);
+        outcomes.insert(
+            "keys leased more than once".into(),
+            verdict.leased_more_than_once,
+        );
         section(&mut out, "outcomes", &outcomes);
         section(&mut out, "review (Reconciler API)", &self.review.resolved);
         let _ = writeln!(

@@ -24,6 +24,9 @@ use crate::report::{Figures, Report};
 use crate::reviewer::Reviewer;
 use crate::stand::{Stand, StandConfig};
 
+/// A lease (3 s) ending, plus a few worker polls.
+const LEASE_SETTLES: Duration = Duration::from_secs(5);
+
 /// The run's settings (the command line's).
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -94,6 +97,11 @@ pub async fn run(config: &RunConfig, stand: &mut Stand) -> anyhow::Result<Report
     // The reviewer works until every agent is done: nothing it could still resolve is left.
     stop_review.send_replace(true);
     let _ = reviewing.await;
+    if records.iter().any(|record| !record.finished) {
+        // An agent stopped by the deadline may have left a lease behind: let it end and the
+        // workers sweep it before the journal is read.
+        tokio::time::sleep(LEASE_SETTLES).await;
+    }
 
     let direct = direct_channel(stand)?;
     let rows = read_rows(direct.clone()).await?;
