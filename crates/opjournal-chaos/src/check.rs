@@ -145,6 +145,8 @@ pub fn check(facts: &Facts<'_>) -> Verdict {
             .statuses
             .entry(status_name(status).into())
             .or_default() += 1;
+        verdict.looked_up += u64::from(row.reconcile_attempts > 0);
+        verdict.leased_more_than_once += u64::from(row.attempt_count > 1);
         match status {
             OperationStatus::Succeeded => {
                 let matching = ledger.effect_ids.first() == row.external_id.as_ref();

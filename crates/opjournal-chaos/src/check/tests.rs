@@ -71,6 +71,13 @@ fn a_succeeded_key_with_its_one_effect_and_its_acknowledged_completion_holds() {
     assert!(verdict.holds(), "{:?}", broken(&verdict));
     assert_eq!(verdict.effects, 1);
     assert_eq!(verdict.acks_checked, 1);
+    assert_eq!((verdict.looked_up, verdict.leased_more_than_once), (0, 0));
+
+    let mut again = row("k", OperationStatus::Succeeded, Some("pay_1"));
+    again.attempt_count = 2;
+    again.reconcile_attempts = 3;
+    let verdict = one(Some(again), effects("k", &["pay_1"]), vec![]);
+    assert_eq!((verdict.looked_up, verdict.leased_more_than_once), (1, 1));
 }
 
 #[test]
