@@ -194,6 +194,7 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
         Sandbox::new(SandboxConfig {
             lookup_lag: Duration::ZERO,
             hang: SANDBOX_HANG,
+            ..SandboxConfig::default()
         })
         .serve(sandbox_listener, shutdown.clone().cancelled_owned()),
     );
