@@ -94,6 +94,33 @@ pub fn build(config: &Config, metrics: &Metrics) -> Result<Components, StartErro
     Ok(parts)
 }
 
+/// The escalation webhook's delivery settings, when `webhook_url` is configured (the
+/// configuration checked the URL and the secret).
+///
+/// Errors: the URL or the secret does not parse.
+pub fn webhook_config(
+    config: &Config,
+) -> Result<Option<crate::reconcile::webhook::WebhookConfig>, String> {
+    use crate::domain::escalation::{RetrySchedule, WebhookSecret};
+    let (Some(url), Some(secret)) = (&config.webhook_url, &config.webhook_secret) else {
+        return Ok(None);
+    };
+    Ok(Some(crate::reconcile::webhook::WebhookConfig {
+        url: reqwest::Url::parse(url).map_err(|_| "webhook_url: not a URL".to_owned())?,
+        secret: WebhookSecret::parse(secret.expose())?,
+        timeout: Config::seconds(config.webhook_timeout_seconds),
+        claim_lease: Config::seconds(config.webhook_claim_seconds),
+        schedule: RetrySchedule {
+            base: Config::seconds(config.webhook_retry_base_seconds),
+            cap: Config::seconds(config.webhook_retry_cap_seconds),
+            max_age: Config::seconds(config.webhook_max_age_seconds),
+        },
+        poll_interval: Config::seconds(config.webhook_poll_seconds),
+        batch_size: config.webhook_batch_size,
+        sample_interval: Config::seconds(config.backlog_sample_seconds),
+    }))
+}
+
 /// Assembles components over an existing database (a [`PgStore`](crate::store::PgStore),
 /// a [`SqliteStore`](crate::store::SqliteStore) or a [`Database`]), with the default request
 /// limits.

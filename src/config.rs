@@ -132,6 +132,31 @@ pub struct Config {
     /// Seconds a connection past its age may still finish its calls before it is closed;
     /// 0 waits for them however long they take.
     pub max_connection_age_grace_seconds: f64,
+    /// Reconcile worker: where escalation events are POSTed (`http://` or `https://`;
+    /// docs/webhooks.md); unset, events wait in the outbox. Never logged: incoming-webhook
+    /// URLs often carry a token.
+    pub webhook_url: Option<String>,
+    /// The webhook signing secret, `whsec_` and the base64 of at least 32 random bytes, read
+    /// only from `OPJOURNAL_WEBHOOK_SECRET` (a file's value is ignored); never logged or
+    /// printed. Required with `webhook_url`.
+    #[serde(skip)]
+    pub webhook_secret: Option<Secret>,
+    /// Seconds to wait for the receiver's answer to one delivery.
+    pub webhook_timeout_seconds: f64,
+    /// Seconds a claimed event stays hidden from other workers; at least twice
+    /// `webhook_timeout_seconds`.
+    pub webhook_claim_seconds: f64,
+    /// Seconds before the first retry of a failed event; doubled per attempt.
+    pub webhook_retry_base_seconds: f64,
+    /// Longest wait between two attempts, in seconds.
+    pub webhook_retry_cap_seconds: f64,
+    /// Age in seconds after which a failed event is marked dead (kept, counted) instead of
+    /// tried again.
+    pub webhook_max_age_seconds: f64,
+    /// Seconds between polls of the outbox when nothing was due.
+    pub webhook_poll_seconds: f64,
+    /// Most events claimed and sent at once per poll.
+    pub webhook_batch_size: i64,
 }
 
 /// A secret setting: its `Debug` output is `[redacted]` and it is never serialized.
@@ -289,6 +314,15 @@ impl Default for Config {
             http2_keepalive_timeout_seconds: transport.http2_keepalive_timeout.as_secs_f64(),
             max_connection_age_seconds: seconds_or_zero(transport.max_connection_age),
             max_connection_age_grace_seconds: seconds_or_zero(transport.max_connection_age_grace),
+            webhook_url: None,
+            webhook_secret: None,
+            webhook_timeout_seconds: 10.0,
+            webhook_claim_seconds: 60.0,
+            webhook_retry_base_seconds: 5.0,
+            webhook_retry_cap_seconds: 600.0,
+            webhook_max_age_seconds: 259_200.0,
+            webhook_poll_seconds: 1.0,
+            webhook_batch_size: 20,
         }
     }
 }
@@ -315,6 +349,8 @@ pub const MESSAGE_HEADROOM_BYTES: usize = 16 * 1024;
 pub const MIN_HEADER_LIST_BYTES: u32 = 4096;
 /// The environment variable holding `key_derivation_secret`.
 pub const SECRET_VARIABLE: &str = "OPJOURNAL_KEY_DERIVATION_SECRET";
+/// The environment variable holding `webhook_secret`, its only source.
+pub const WEBHOOK_SECRET_VARIABLE: &str = "OPJOURNAL_WEBHOOK_SECRET";
 
 /// A configuration that cannot be used; the message names the setting.
 #[derive(Debug, thiserror::Error)]
@@ -350,6 +386,10 @@ impl Config {
         config.key_derivation_secret = config
             .key_derivation_secret
             .filter(|secret| !secret.expose().is_empty());
+        config.webhook_secret = std::env::var(WEBHOOK_SECRET_VARIABLE)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(Secret::new);
         config.validate()?;
         Ok(config)
     }
@@ -393,6 +433,7 @@ impl Config {
         self.validate_database_url()?;
         self.validate_limits()?;
         self.validate_transport()?;
+        self.validate_webhook()?;
         self.validate_tls()?;
         self.validate_console()?;
         if let Some(secret) = &self.key_derivation_secret
@@ -422,6 +463,57 @@ impl Config {
                     .into(),
             )),
         }
+    }
+
+    /// The webhook settings; the messages never repeat the URL or the secret.
+    fn validate_webhook(&self) -> Result<(), ConfigError> {
+        for (name, value) in [
+            ("webhook_timeout_seconds", self.webhook_timeout_seconds),
+            ("webhook_claim_seconds", self.webhook_claim_seconds),
+            (
+                "webhook_retry_base_seconds",
+                self.webhook_retry_base_seconds,
+            ),
+            ("webhook_retry_cap_seconds", self.webhook_retry_cap_seconds),
+            ("webhook_max_age_seconds", self.webhook_max_age_seconds),
+            ("webhook_poll_seconds", self.webhook_poll_seconds),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(ConfigError(format!(
+                    "{name}: must be a positive number of seconds"
+                )));
+            }
+        }
+        if self.webhook_claim_seconds < 2.0 * self.webhook_timeout_seconds {
+            return Err(ConfigError(
+                "webhook_claim_seconds: must be at least twice webhook_timeout_seconds".into(),
+            ));
+        }
+        if self.webhook_batch_size < 1 {
+            return Err(ConfigError("webhook_batch_size: must be at least 1".into()));
+        }
+        if let Some(secret) = &self.webhook_secret {
+            crate::domain::escalation::WebhookSecret::parse(secret.expose()).map_err(|e| {
+                ConfigError(format!("webhook_secret ({WEBHOOK_SECRET_VARIABLE}): {e}"))
+            })?;
+        }
+        let Some(url) = &self.webhook_url else {
+            return Ok(());
+        };
+        match reqwest::Url::parse(url) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+            _ => {
+                return Err(ConfigError(
+                    "webhook_url: must be an http:// or https:// URL".into(),
+                ));
+            }
+        }
+        if self.webhook_secret.is_none() {
+            return Err(ConfigError(format!(
+                "webhook_secret: {WEBHOOK_SECRET_VARIABLE} must be set with webhook_url"
+            )));
+        }
+        Ok(())
     }
 
     fn validate_limits(&self) -> Result<(), ConfigError> {

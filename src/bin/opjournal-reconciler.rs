@@ -3,7 +3,8 @@
 //! be proven to human review. Run any number of replicas on Postgres; on the embedded SQLite
 //! journal, run it beside the server on the same machine and file (it prepares the file if
 //! the server has not yet). Serves gRPC health and, on an admin HTTP port, Prometheus metrics
-//! (with the backlog gauges, sampled here).
+//! (with the backlog gauges, sampled here). With `webhook_url` set it also delivers the
+//! escalation outbox to that URL (docs/webhooks.md).
 
 use std::net::SocketAddr;
 
@@ -12,6 +13,7 @@ use clap::Parser;
 use opjournal::cli::CommonFlags;
 use opjournal::config::Backend;
 use opjournal::config::Config;
+use opjournal::reconcile::webhook::WebhookDelivery;
 use opjournal::telemetry::Telemetry;
 use opjournal::{api, app};
 use serde::Serialize;
@@ -120,8 +122,25 @@ async fn run(cli: &Cli, config: &Config, telemetry: &Telemetry) -> anyhow::Resul
             Config::seconds(config.backlog_sample_seconds),
             shutdown.clone(),
         ));
+        let webhooks = match app::webhook_config(config).map_err(|e| anyhow::anyhow!(e))? {
+            Some(webhook) => {
+                let delivery = WebhookDelivery::new(
+                    parts.reconciler.store().clone(),
+                    webhook,
+                    telemetry.metrics().clone(),
+                )
+                .map_err(|e| anyhow::anyhow!(e))?;
+                tracing::info!("escalation webhook delivery started");
+                let shutdown = shutdown.clone();
+                Some(tokio::spawn(async move { delivery.run(shutdown).await }))
+            }
+            None => None,
+        };
         tracing::info!(%address, "reconcile worker started");
         worker.run(shutdown).await;
+        if let Some(webhooks) = webhooks {
+            let _ = webhooks.await;
+        }
         let _ = sampler.await;
         health.await??;
         admin_stop.cancel();

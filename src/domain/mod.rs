@@ -6,6 +6,7 @@ pub mod access;
 pub mod canonical;
 pub mod derived_key;
 pub mod error;
+pub mod escalation;
 pub mod lease;
 pub mod model;
 pub mod policy;

@@ -20,6 +20,7 @@
 pub mod adapter;
 pub mod grpc;
 mod review;
+pub mod webhook;
 pub mod worker;
 
 use std::sync::Arc;

@@ -13,6 +13,7 @@
 //! take two statements (Postgres answers each in one).
 
 pub mod copy;
+pub mod outbox;
 pub mod postgres;
 pub mod sql;
 pub mod sqlite;
@@ -32,6 +33,7 @@ use crate::domain::model::{
 
 pub use crate::domain::transition::{Resolution, Settlement};
 pub use crate::telemetry::metrics::BacklogStats;
+pub use outbox::{DeliveryOutcome, DeliveryState, EscalationOutbox, OutboxEntry};
 pub use postgres::PgStore;
 pub use sql::{Clock, SqlStore};
 pub use sqlite::SqliteStore;
@@ -236,7 +238,7 @@ impl<T: JournalMaintenance + ?Sized> crate::telemetry::metrics::BacklogSource fo
 
 /// The journal's storage contract.
 #[async_trait]
-pub trait JournalStore: JournalMaintenance {
+pub trait JournalStore: JournalMaintenance + EscalationOutbox {
     /// Registers `new`: inserts it already `in_progress` with attempt 1 and its lease, or,
     /// when the key already exists, answers its row in the same call: [`Registration::Inserted`] with the
     /// new row, [`Registration::Existing`] with the existing row (nothing is changed), or
@@ -336,7 +338,7 @@ pub trait JournalStore: JournalMaintenance {
 #[async_trait]
 pub trait JournalMaintenance: Send + Sync + 'static {
     /// Deletes up to `limit` terminal operations whose retention has passed, with their
-    /// history; returns how many went. Pending, in-progress and unknown operations are never
+    /// history and their escalation events; returns how many went. Pending, in-progress and unknown operations are never
     /// deleted, whatever their age.
     async fn purge(&self, limit: i64) -> Result<u64, StoreError>;
 

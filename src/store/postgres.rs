@@ -50,6 +50,7 @@ impl Dialect for Pg {
         Some(include_str!("sql/postgres/settle_with_previous.sql"));
     const SWEEP: &'static str = include_str!("sql/postgres/sweep.sql");
     const CLAIM_DUE: &'static str = include_str!("sql/postgres/claim_due.sql");
+    const CLAIM_DELIVERIES: &'static str = include_str!("sql/postgres/claim_deliveries.sql");
     const PING: &'static str = "SELECT 1";
 
     fn token(token: &str, arg: &str) -> String {

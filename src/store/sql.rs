@@ -132,6 +132,8 @@ pub trait Dialect: Clone + Send + Sync + Sized + 'static {
     const SWEEP: &'static str;
     /// See [`Dialect::SWEEP`].
     const CLAIM_DUE: &'static str;
+    /// The outbox's delivery claim (`store::outbox`).
+    const CLAIM_DELIVERIES: &'static str;
     /// The readiness check.
     const PING: &'static str;
     /// The spelling of `token` (a README token without its braces) with argument `arg`.
@@ -183,7 +185,9 @@ fn fragment(name: &str) -> &'static str {
         "due",
         "reconcile_free",
         "swept",
-        "purgeable"
+        "purgeable",
+        "outbox_columns",
+        "delivery_due"
     )
 }
 
@@ -276,6 +280,7 @@ pub struct Statements {
     claim_for_reconcile: Statement,
     find_same_request: Statement,
     backlog_stats: Statement,
+    pub(super) outbox: super::outbox::Statements,
 }
 
 const SETTLEMENTS: [&str; 3] = [
@@ -330,6 +335,7 @@ impl Statements {
             claim_for_reconcile: file!("UPDATE" claim_for_reconcile),
             find_same_request: file!("SELECT" find_same_request),
             backlog_stats: file!("SELECT" backlog_stats),
+            outbox: super::outbox::Statements::new::<D>(),
         }
     }
 
@@ -548,6 +554,7 @@ impl<T: Into<String>> From<Option<T>> for Arg {
 macro_rules! args {
     ($($value:expr),* $(,)?) => { vec![$(Arg::from($value)),*] };
 }
+pub(super) use args;
 
 const NULL: Option<String> = None;
 
@@ -612,13 +619,16 @@ fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
 
 impl<D: Dialect> SqlStore<D> {
     /// Runs `call`, the work of `statement`'s method, through [`call`](Self::call).
-    async fn run<T>(
+    pub(super) async fn run<T>(
         &self,
         statement: &Statement,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let collection = match statement.method {
             "history" => "operation_events",
+            "claim_deliveries" | "record_delivery" | "deliveries" | "outbox_stats" => {
+                "escalation_outbox"
+            }
             _ => OPERATIONS,
         };
         let (method, operation) = (statement.method, statement.operation);
@@ -902,11 +912,11 @@ impl<D: Dialect> JournalMaintenance for SqlStore<D> {
     }
 }
 
-fn corrupt(what: &str) -> StoreError {
+pub(super) fn corrupt(what: &str) -> StoreError {
     StoreError::Other(format!("corrupt journal row: {what}").into())
 }
 
-fn status(value: &str) -> Result<Status, StoreError> {
+pub(super) fn status(value: &str) -> Result<Status, StoreError> {
     Status::from_db(value).ok_or_else(|| corrupt("status"))
 }
 

@@ -70,6 +70,7 @@ impl Dialect for Lite {
     const SETTLE_WITH_PREVIOUS: Option<&'static str> = None;
     const SWEEP: &'static str = include_str!("sql/sqlite/sweep.sql");
     const CLAIM_DUE: &'static str = include_str!("sql/sqlite/claim_due.sql");
+    const CLAIM_DELIVERIES: &'static str = include_str!("sql/sqlite/claim_deliveries.sql");
     // Reads the schema, so that a file that is missing or not yet prepared is not ready.
     const PING: &'static str = "SELECT 1 FROM agent_operations LIMIT 0";
 
@@ -124,11 +125,16 @@ impl Dialect for Lite {
         }
         let doomed: Vec<i64> = doomed.into_iter().map(|row| row.count).collect();
         let doomed = serde_json::to_string(&doomed).map_err(|e| StoreError::Other(Box::new(e)))?;
-        sqlx::query(include_str!("sql/sqlite/purge_events.sql"))
-            .bind(&doomed)
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?;
+        for dependent in [
+            include_str!("sql/sqlite/purge_events.sql"),
+            include_str!("sql/sqlite/purge_outbox.sql"),
+        ] {
+            sqlx::query(dependent)
+                .bind(&doomed)
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?;
+        }
         let gone = sqlx::query(include_str!("sql/sqlite/purge_operations.sql"))
             .bind(&doomed)
             .execute(&mut *tx)

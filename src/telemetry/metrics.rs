@@ -43,6 +43,11 @@ struct Instruments {
     lookup_duration: Histogram<f64>,
     store_errors: Counter<u64>,
     backlog: Arc<Mutex<Option<BacklogSample>>>,
+    webhook_deliveries: Counter<u64>,
+    outbox: Arc<Mutex<Option<(OutboxStats, Instant)>>>,
+    _outbox_pending: ObservableGauge<u64>,
+    _outbox_oldest: ObservableGauge<f64>,
+    _outbox_dead: ObservableGauge<u64>,
     _unknown: ObservableGauge<u64>,
     _oldest_unknown: ObservableGauge<f64>,
     _review_queue: ObservableGauge<u64>,
@@ -99,8 +104,62 @@ impl Metrics {
         let oldest_review = read(&backlog);
         let overdue = read(&backlog);
         let most_overdue = read(&backlog);
+        let outbox: Arc<Mutex<Option<(OutboxStats, Instant)>>> = Arc::default();
+        let read_outbox = || {
+            let outbox = outbox.clone();
+            move || *outbox.lock().unwrap_or_else(PoisonError::into_inner)
+        };
+        let (pending, oldest_pending, dead) = (read_outbox(), read_outbox(), read_outbox());
         Self {
             inner: Arc::new(Instruments {
+                webhook_deliveries: meter
+                    .u64_counter("opjournal.webhook.deliveries")
+                    .with_unit("{delivery}")
+                    .with_description(
+                        "Escalation webhook delivery attempts, by outcome (delivered, failed, \
+                         dead)",
+                    )
+                    .build(),
+                _outbox_pending: meter
+                    .u64_observable_gauge("opjournal.webhook.outbox.pending")
+                    .with_unit("{event}")
+                    .with_description("Escalation events not yet delivered (sampled)")
+                    .with_callback(move |gauge| {
+                        if let Some((stats, _)) = pending() {
+                            gauge.observe(stats.pending, &[]);
+                        }
+                    })
+                    .build(),
+                _outbox_oldest: meter
+                    .f64_observable_gauge("opjournal.webhook.outbox.oldest_age")
+                    .with_unit("s")
+                    .with_description(
+                        "How long the oldest undelivered escalation event has waited; 0 when \
+                         none does",
+                    )
+                    .with_callback(move |gauge| {
+                        if let Some((stats, taken)) = oldest_pending() {
+                            let age = stats
+                                .oldest_pending_age
+                                .map(|age| age + taken.elapsed())
+                                .unwrap_or_default();
+                            gauge.observe(age.as_secs_f64(), &[]);
+                        }
+                    })
+                    .build(),
+                _outbox_dead: meter
+                    .u64_observable_gauge("opjournal.webhook.outbox.dead")
+                    .with_unit("{event}")
+                    .with_description(
+                        "Escalation events given up on after their max age, still kept (sampled)",
+                    )
+                    .with_callback(move |gauge| {
+                        if let Some((stats, _)) = dead() {
+                            gauge.observe(stats.dead, &[]);
+                        }
+                    })
+                    .build(),
+                outbox,
                 rpc_duration: meter
                     .f64_histogram("rpc.server.call.duration")
                     .with_unit("s")
@@ -338,6 +397,24 @@ impl Metrics {
         );
     }
 
+    /// One escalation webhook delivery attempt ended: `delivered` (a 2xx answer), `failed`
+    /// (to be tried again) or `dead` (failed, and the event is past its max age).
+    pub fn webhook_delivery(&self, outcome: &'static str) {
+        self.inner
+            .webhook_deliveries
+            .add(1, &[KeyValue::new("outcome", outcome)]);
+    }
+
+    /// Keeps `stats` for the outbox gauges (`None` clears them: a stale reading is worse
+    /// than none).
+    pub fn outbox_sampled(&self, stats: Option<OutboxStats>) {
+        *self
+            .inner
+            .outbox
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = stats.map(|s| (s, Instant::now()));
+    }
+
     /// Reads the backlog from `store` once and keeps it for the gauges; a failed read clears
     /// them (a stale backlog is worse than none) and is returned.
     ///
@@ -430,6 +507,32 @@ impl BacklogStats {
             oldest_review_age: age(oldest_review_seconds),
             overdue: count(overdue),
             most_overdue: age(most_overdue_seconds),
+        }
+    }
+}
+
+/// The escalation outbox's state, for the webhook gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OutboxStats {
+    /// Events not yet delivered (and not given up on).
+    pub pending: u64,
+    /// How long the oldest pending event has waited since it occurred, by the database
+    /// clock; `None` when none is pending.
+    pub oldest_pending_age: Option<Duration>,
+    /// Events given up on after their max age.
+    pub dead: u64,
+}
+
+impl OutboxStats {
+    /// From the outbox statement's three columns (counts, and the oldest pending event's age
+    /// in seconds).
+    pub fn from_columns(pending: i64, oldest_pending_seconds: Option<f64>, dead: i64) -> Self {
+        Self {
+            pending: u64::try_from(pending).unwrap_or(0),
+            oldest_pending_age: oldest_pending_seconds
+                .filter(|s| s.is_finite())
+                .map(|s| Duration::from_secs_f64(s.max(0.0))),
+            dead: u64::try_from(dead).unwrap_or(0),
         }
     }
 }

@@ -8,5 +8,8 @@ gone AS (
     RETURNING o.namespace, o.operation_key),
 history AS (
     DELETE FROM operation_events e USING gone g
-    WHERE e.namespace = g.namespace AND e.operation_key = g.operation_key)
+    WHERE e.namespace = g.namespace AND e.operation_key = g.operation_key),
+outbox AS (
+    DELETE FROM escalation_outbox x USING gone g
+    WHERE x.namespace = g.namespace AND x.operation_key = g.operation_key)
 SELECT COUNT(*) AS count FROM gone

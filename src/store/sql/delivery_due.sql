@@ -1,0 +1,1 @@
+state = 'pending' AND next_attempt_at <= {now}
