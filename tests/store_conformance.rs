@@ -17,6 +17,7 @@ use std::time::Duration;
 use common::{TestDb, on_pool};
 use opjournal::app::Database;
 use opjournal::domain::canonical::RequestHash;
+use opjournal::domain::escalation::{EventType, event_for};
 use opjournal::domain::lease::{AttemptId, LeaseToken};
 use opjournal::domain::model::{
     ActionType, ActorKind, Attribution, ErrorCode, ExternalId, Namespace, OperationKey,
@@ -25,9 +26,9 @@ use opjournal::domain::model::{
 use opjournal::domain::policy::Policy;
 use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
 use opjournal::store::{
-    Claim, Clock, HistoryQuery, JournalMaintenance, JournalStore, ListQuery, Lookup, NewOperation,
-    Registration, Resolution, ReviewQuery, SameRequest, SearchQuery, Settled, Settlement,
-    StateCount,
+    Claim, Clock, DeliveryOutcome, DeliveryState, HistoryQuery, JournalMaintenance, JournalStore,
+    ListQuery, Lookup, NewOperation, OutboxEntry, Registration, Resolution, ReviewQuery,
+    SameRequest, SearchQuery, Settled, Settlement, StateCount,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -2334,6 +2335,273 @@ async fn a_repeated_begin_of_one_attempt_gets_its_live_lease_again(fx: &Fixture)
     ));
 }
 
+// ---------------------------------------------------------------------------------------------
+// The escalation outbox
+
+impl Fixture {
+    /// `key`'s escalation events with their delivery state, oldest first.
+    async fn deliveries(&self, key: &str) -> Vec<OutboxEntry> {
+        let key = OperationKey::parse(key).unwrap();
+        self.store.deliveries(&ns(), &key).await.unwrap()
+    }
+
+    /// An unknown operation escalated to review by worker `w`.
+    async fn escalated(&self, key: &str) -> OperationRecord {
+        let read = self.unknown(key).await;
+        let escalate = Resolution::Escalate {
+            reason: "no_provider_lookup".into(),
+        };
+        let who = Attribution::worker("w", "escalated");
+        let resolve = self.store.resolve(&read, &escalate, &who, Lookup::NotMade);
+        resolve.await.unwrap().unwrap()
+    }
+}
+
+fn reviewer(name: &str, reason: &str) -> Attribution {
+    Attribution {
+        kind: ActorKind::Reviewer,
+        actor: name.into(),
+        reason: Some(reason.into()),
+    }
+}
+
+async fn escalation_and_resolution_each_write_one_event(fx: &Fixture) {
+    let read = fx.unknown("k").await;
+    assert!(
+        fx.deliveries("k").await.is_empty(),
+        "no event before review"
+    );
+    let escalate = Resolution::Escalate {
+        reason: "no_provider_lookup".into(),
+    };
+    let who = Attribution::worker("w", "escalated");
+    let escalated = fx.store.resolve(&read, &escalate, &who, Lookup::NotMade);
+    let escalated = escalated.await.unwrap().unwrap();
+    // Staying under review writes nothing: another escalation, another lookup.
+    let again = fx
+        .store
+        .resolve(&escalated, &escalate, &who, Lookup::NotMade);
+    let escalated = again.await.unwrap().unwrap();
+    let keep = Resolution::KeepUnknown {
+        next_check_after: Duration::ZERO,
+    };
+    let kept = fx.store.resolve(&escalated, &keep, &who, Lookup::Made);
+    let escalated = kept.await.unwrap().unwrap();
+    let events = fx.deliveries("k").await;
+    assert_eq!(events.len(), 1);
+    let required = &events[0];
+    assert_eq!(required.event.event_type, EventType::ReviewRequired);
+    assert_eq!(required.event.status, Status::Unknown);
+    assert_eq!(required.event.attempt_count, 1);
+    assert_eq!(required.event.reason.as_deref(), Some("no_provider_lookup"));
+    assert_eq!(
+        (required.event.actor_kind, required.event.actor.as_str()),
+        (ActorKind::Worker, "w")
+    );
+    assert_eq!(required.event.references["order_id"], "817");
+    assert_eq!(
+        (required.state, required.attempts),
+        (DeliveryState::Pending, 0)
+    );
+    assert_eq!(required.event.event_id.get_version_num(), 4);
+
+    // A resolution that does not apply (a stale read) writes nothing.
+    let stale = OperationRecord {
+        attempt_count: 2,
+        ..escalated.clone()
+    };
+    let resolution = Resolution::ReleaseForRetry;
+    let alice = reviewer("alice", "not in the provider's log");
+    let none = fx
+        .store
+        .resolve(&stale, &resolution, &alice, Lookup::NotMade);
+    assert!(none.await.unwrap().is_none());
+    assert_eq!(fx.deliveries("k").await.len(), 1);
+    let released = fx
+        .store
+        .resolve(&escalated, &resolution, &alice, Lookup::NotMade);
+    assert_eq!(released.await.unwrap().unwrap().status, Status::Pending);
+    let events = fx.deliveries("k").await;
+    assert_eq!(events.len(), 2);
+    let resolved = &events[1].event;
+    assert_eq!(resolved.event_type, EventType::ReviewResolved);
+    assert_eq!(resolved.status, Status::Pending);
+    assert_eq!(
+        resolved.reason.as_deref(),
+        Some("not in the provider's log")
+    );
+    assert_eq!(
+        (resolved.actor_kind, resolved.actor.as_str()),
+        (ActorKind::Reviewer, "alice")
+    );
+    assert_ne!(resolved.event_id, events[0].event.event_id);
+
+    // A late holder's report ends a review too, and says so.
+    let swept = fx.unknown_by_sweep("late").await;
+    let escalate = fx.store.resolve(&swept, &escalate, &who, Lookup::NotMade);
+    escalate.await.unwrap().unwrap();
+    let (lease, report) = (token(&swept), succeeded("pay_1"));
+    let report = fx.store.settle(&lease, &report).await.unwrap().unwrap();
+    assert_eq!(report.record.status, Status::Succeeded);
+    let late = fx.deliveries("late").await;
+    let late: Vec<_> = late
+        .iter()
+        .map(|e| (e.event.event_type, e.event.status, e.event.actor_kind))
+        .collect();
+    assert_eq!(
+        late,
+        vec![
+            (
+                EventType::ReviewRequired,
+                Status::Unknown,
+                ActorKind::Worker
+            ),
+            (
+                EventType::ReviewResolved,
+                Status::Succeeded,
+                ActorKind::Client
+            ),
+        ]
+    );
+
+    // The storage follows the domain's rule: one event per change of the review flag in the
+    // history, of the type `event_for` names, in order.
+    for key in ["k", "late"] {
+        let flags: Vec<bool> = fx.history(key).await.iter().map(|e| e.3).collect();
+        let expected: Vec<EventType> = flags
+            .windows(2)
+            .filter_map(|pair| event_for(pair[0], pair[1]))
+            .collect();
+        let written: Vec<EventType> = fx
+            .deliveries(key)
+            .await
+            .iter()
+            .map(|e| e.event.event_type)
+            .collect();
+        assert_eq!(written, expected, "{key}");
+    }
+}
+
+async fn a_claimed_event_is_hidden_and_only_its_latest_attempt_records(fx: &Fixture) {
+    fx.escalated("a").await;
+    fx.escalated("b").await;
+    let lease = Duration::from_secs(30);
+    let stats = fx.store.outbox_stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (2, 0));
+    assert!(stats.oldest_pending_age.is_some());
+    let first = fx.store.claim_deliveries(10, lease).await.unwrap();
+    assert_eq!(first.len(), 2);
+    assert!(first.iter().all(|e| e.attempts == 1));
+    let second = fx.second_store();
+    assert!(second.claim_deliveries(10, lease).await.unwrap().is_empty());
+
+    // The first claim's lease ends before it records: another worker claims again.
+    fx.clock.advance(lease + Duration::from_secs(1));
+    let again = second.claim_deliveries(10, lease).await.unwrap();
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().all(|e| e.attempts == 2));
+    let ok = DeliveryOutcome::Delivered { status_code: 204 };
+    let late = fx.store.record_delivery(first[0].event.event_id, 1, &ok);
+    assert!(!late.await.unwrap(), "a superseded attempt records nothing");
+
+    let (a, b) = (again[0].event.event_id, again[1].event.event_id);
+    assert!(second.record_delivery(a, 2, &ok).await.unwrap());
+    let failed = DeliveryOutcome::Failed {
+        status_code: Some(503),
+        error: "http_503".into(),
+        retry_after: Duration::from_secs(10),
+    };
+    assert!(second.record_delivery(b, 2, &failed).await.unwrap());
+    let entries: Vec<OutboxEntry> = [fx.deliveries("a").await, fx.deliveries("b").await].concat();
+    let by_id = |id| entries.iter().find(|e| e.event.event_id == id).unwrap();
+    let delivered = by_id(a);
+    assert_eq!(delivered.state, DeliveryState::Delivered);
+    assert_eq!(delivered.last_status_code, Some(204));
+    assert!(delivered.finished_at.is_some());
+    let retrying = by_id(b);
+    assert_eq!(retrying.state, DeliveryState::Pending);
+    assert_eq!(retrying.last_status_code, Some(503));
+    assert_eq!(retrying.last_error.as_deref(), Some("http_503"));
+    assert!(retrying.next_attempt_at > retrying.observed_at);
+    assert!(
+        fx.store
+            .claim_deliveries(10, lease)
+            .await
+            .unwrap()
+            .is_empty(),
+        "not due before its backoff"
+    );
+    let ok_again = fx.store.record_delivery(a, 2, &ok);
+    assert!(
+        !ok_again.await.unwrap(),
+        "a delivered event stays delivered"
+    );
+
+    fx.clock.advance(Duration::from_secs(11));
+    let third = fx.store.claim_deliveries(10, lease).await.unwrap();
+    assert_eq!(third.len(), 1);
+    assert_eq!((third[0].event.event_id, third[0].attempts), (b, 3));
+    let dead = DeliveryOutcome::Dead {
+        status_code: None,
+        error: "connect".into(),
+    };
+    assert!(fx.store.record_delivery(b, 3, &dead).await.unwrap());
+    let stats = fx.store.outbox_stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 1));
+    assert_eq!(stats.oldest_pending_age, None);
+    assert_eq!(fx.deliveries("b").await[0].state, DeliveryState::Dead);
+}
+
+async fn two_delivery_workers_never_claim_one_event_twice(fx: &Fixture) {
+    for i in 0..20 {
+        fx.escalated(&format!("k{i:02}")).await;
+    }
+    let second = fx.second_store();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let store = if i % 2 == 0 {
+            fx.store.clone()
+        } else {
+            second.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let batch = store.claim_deliveries(3, HOLD).await.unwrap();
+                if batch.is_empty() {
+                    return mine;
+                }
+                mine.extend(batch.into_iter().map(|e| e.event.event_id));
+            }
+        }));
+    }
+    let mut claims = Vec::new();
+    for task in tasks {
+        claims.extend(task.await.unwrap());
+    }
+    let distinct: BTreeSet<_> = claims.iter().copied().collect();
+    assert_eq!(claims.len(), 20, "every event claimed exactly once");
+    assert_eq!(distinct.len(), 20);
+}
+
+async fn purge_takes_an_operations_events_with_it(fx: &Fixture) {
+    let escalated = fx.escalated("done").await;
+    let declined = Resolution::FailedFinal {
+        error_code: "card_declined".into(),
+    };
+    let alice = reviewer("alice", "declined");
+    let resolve = fx
+        .store
+        .resolve(&escalated, &declined, &alice, Lookup::NotMade);
+    resolve.await.unwrap().unwrap();
+    fx.escalated("waiting").await;
+    assert_eq!(fx.deliveries("done").await.len(), 2);
+    fx.age_retention(40).await;
+    assert_eq!(fx.store.purge(10).await.unwrap(), 1);
+    assert!(fx.deliveries("done").await.is_empty());
+    assert_eq!(fx.deliveries("waiting").await.len(), 1, "others stay");
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod postgres {
@@ -2396,6 +2664,10 @@ conformance!(
     reports_answer_as_before_whatever_the_lease_state,
     a_lease_keeps_the_digest_of_the_attempt_id_it_was_granted_to,
     a_repeated_begin_of_one_attempt_gets_its_live_lease_again,
+    escalation_and_resolution_each_write_one_event,
+    a_claimed_event_is_hidden_and_only_its_latest_attempt_records,
+    two_delivery_workers_never_claim_one_event_twice,
+    purge_takes_an_operations_events_with_it,
 );
 
 /// The backlog gauges' statement is answered from partial indexes on Postgres, so its cost
