@@ -2,7 +2,8 @@
 //! metric their queries name, every label they match or group by and every label value they
 //! select is in a scrape of the built server and worker, after traffic that makes each
 //! labelled series appear (a conflict, lookups that succeed and that fail, an escalation to
-//! review, an operation past its deadline, a swept lease, a database outage). The names are
+//! review whose webhook deliveries fail until the event dies, an operation past its deadline,
+//! a swept lease, a database outage). The names are
 //! read from the files, so a rule or a panel added later is checked too. Their syntax and the
 //! alerts' behaviour are promtool's to check (scripts/check-monitoring).
 
@@ -359,14 +360,21 @@ fn the_dashboard_takes_its_data_source_namespace_and_pods_from_variables() {
     assert!(ids.len() > 10);
 }
 
-/// Starts `binary` and returns it with the addresses it printed after each of `markers`.
-async fn start(binary: &str, args: &[&str], markers: &[&str]) -> (Child, Vec<String>) {
+/// Starts `binary` with `env` and returns it with the addresses it printed after each of
+/// `markers`.
+async fn start(
+    binary: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    markers: &[&str],
+) -> (Child, Vec<String>) {
     let mut child = Command::new(binary)
         .args(args)
         .env("RUST_LOG", "warn")
         .env("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.1")
         .env("OPJOURNAL_BACKLOG_SAMPLE_SECONDS", "0.2")
         .env("OPJOURNAL_READINESS_INTERVAL_SECONDS", "0.2")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -512,12 +520,29 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_in_a_real_scrape(pool:
     let (_server, server) = start(
         env!("CARGO_BIN_EXE_opjournal"),
         &[&["serve", "--listen", "127.0.0.1:0"], &common[..]].concat(),
+        &[],
         &["opjournal listening on", "opjournal metrics on"],
     )
     .await;
+    // Escalation webhooks to a closed port: every attempt fails, and each event dies at its
+    // max age of one second.
+    let webhook_url = format!("http://127.0.0.1:{closed_port}/hooks");
+    let webhook = [
+        ("OPJOURNAL_WEBHOOK_URL", webhook_url.as_str()),
+        (
+            "OPJOURNAL_WEBHOOK_SECRET",
+            "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+        ),
+        ("OPJOURNAL_WEBHOOK_TIMEOUT_SECONDS", "1"),
+        ("OPJOURNAL_WEBHOOK_RETRY_BASE_SECONDS", "0.1"),
+        ("OPJOURNAL_WEBHOOK_RETRY_CAP_SECONDS", "0.2"),
+        ("OPJOURNAL_WEBHOOK_MAX_AGE_SECONDS", "1"),
+        ("OPJOURNAL_WEBHOOK_POLL_SECONDS", "0.1"),
+    ];
     let (_worker, worker) = start(
         env!("CARGO_BIN_EXE_opjournal-reconciler"),
         &[&["--health-listen", "127.0.0.1:0"], &common[..]].concat(),
+        &webhook,
         &["opjournal-reconciler metrics on"],
     )
     .await;
@@ -612,6 +637,19 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_in_a_real_scrape(pool:
             .is_some()
             && has(s, "opjournal_review_queue_size", &[]) == Some(1.0)
             && has(s, "opjournal_unknown_overdue_operations", &[]) >= Some(1.0)
+            && has(
+                s,
+                "opjournal_webhook_deliveries_total",
+                &[("outcome", "failed")],
+            )
+            .is_some()
+            && has(
+                s,
+                "opjournal_webhook_deliveries_total",
+                &[("outcome", "dead")],
+            )
+            .is_some()
+            && has(s, "opjournal_webhook_outbox_dead", &[]) == Some(1.0)
     })
     .await;
 
@@ -632,6 +670,7 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_in_a_real_scrape(pool:
     // The worker reads the backlog again.
     let worker_scrape = scrape_until(worker_metrics, "the backlog gauges", |s| {
         has(s, "opjournal_unknown_overdue_operations", &[]) >= Some(1.0)
+            && has(s, "opjournal_webhook_outbox_pending", &[]).is_some()
     })
     .await;
     let server_scrape = scrape(server_metrics).await;

@@ -185,22 +185,38 @@ impl WebhookDelivery {
         }
     }
 
-    /// Samples the outbox gauges once; a failed read clears them.
-    pub async fn sample(&self) {
+    /// Samples the outbox gauges once; a failed read clears them and is returned.
+    ///
+    /// Errors: the store's.
+    pub async fn sample(&self) -> Result<(), StoreError> {
         let stats = self.store.outbox_stats().await;
-        if let Err(error) = &stats {
-            tracing::warn!(error = %error, "cannot sample the webhook outbox; gauges cleared");
+        match stats {
+            Ok(stats) => {
+                self.metrics.outbox_sampled(Some(stats));
+                Ok(())
+            }
+            Err(error) => {
+                self.metrics.outbox_sampled(None);
+                Err(error)
+            }
         }
-        self.metrics.outbox_sampled(stats.ok());
     }
 
     /// Polls until `shutdown` is cancelled; the poll in progress finishes first (each
     /// attempt is bounded by the timeout). A database outage is logged and waited out.
     pub async fn run(&self, shutdown: CancellationToken) {
         let mut last_sample: Option<std::time::Instant> = None;
+        let mut sampling_fails = false;
         while !shutdown.is_cancelled() {
             if last_sample.is_none_or(|at| at.elapsed() >= self.config.sample_interval) {
-                self.sample().await;
+                match self.sample().await {
+                    Ok(()) => sampling_fails = false,
+                    Err(error) if !sampling_fails => {
+                        tracing::warn!(error = %error, "cannot sample the webhook outbox; gauges cleared");
+                        sampling_fails = true;
+                    }
+                    Err(_) => {}
+                }
                 last_sample = Some(std::time::Instant::now());
             }
             let pause = match self.deliver_due().await {
