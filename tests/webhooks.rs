@@ -539,3 +539,99 @@ async fn a_receiver_with_another_secret_refuses_every_delivery(pool: PgPool) {
     assert_eq!(entry.state, DeliveryState::Pending, "kept for a retry");
     assert_eq!(entry.last_status_code, Some(401));
 }
+
+/// The docs' chat bridge (examples/webhooks/chat_bridge.py) between the worker and a chat
+/// channel's incoming webhook: one chat message per event.
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_chat_bridge_example_posts_one_message_per_event(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // The chat channel's incoming webhook.
+    let messages: Arc<Mutex<Vec<String>>> = Arc::default();
+    let chat = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let chat_url = format!("http://{}/hooks/channel", chat.local_addr().unwrap());
+    let posted = messages.clone();
+    let router = axum::Router::new().route(
+        "/hooks/channel",
+        axum::routing::post(move |axum::Json(body): axum::Json<serde_json::Value>| {
+            let posted = posted.clone();
+            async move {
+                posted
+                    .lock()
+                    .unwrap()
+                    .push(body["text"].as_str().unwrap().to_owned());
+                StatusCode::OK
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(chat, router).await.unwrap() });
+    let python = std::env::var("OPJOURNAL_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/webhooks/chat_bridge.py"
+    );
+    let mut bridge = Command::new(python)
+        .args([script, "--listen", "127.0.0.1:0"])
+        .env("OPJOURNAL_WEBHOOK_SECRET", secret())
+        .env("CHAT_WEBHOOK_URL", &chat_url)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(bridge.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the bridge printed its address")
+        .unwrap()
+        .unwrap();
+    let address = line
+        .strip_prefix("chat bridge listening on ")
+        .unwrap()
+        .to_owned();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    let dir = write_policy(&app);
+    let worker = start_worker(
+        &app,
+        &dir.path().join("policy.yaml"),
+        &format!("http://{address}/"),
+        &secret(),
+    )
+    .await;
+    let key = "email:case-445:confirmation-v1";
+    unknown_email(&app, key).await;
+    eventually("the escalation is in the channel", || async {
+        messages.lock().unwrap().len() == 1
+    })
+    .await;
+    resolve_as_sent(&app, key).await;
+    eventually("the resolution is in the channel", || async {
+        all_delivered(&app, &[key]).await
+    })
+    .await;
+    kill(worker, "-TERM").await;
+    let messages = messages.lock().unwrap().clone();
+    assert_eq!(messages.len(), 2, "{messages:#?}");
+    assert!(messages[0].contains("review required"), "{}", messages[0]);
+    assert!(messages[0].contains(key) && messages[0].contains("no_provider_lookup"));
+    assert!(messages[0].contains("order_id=817"));
+    assert!(messages[1].contains("review resolved"), "{}", messages[1]);
+    assert!(
+        messages[1].contains("succeeded by alice"),
+        "{}",
+        messages[1]
+    );
+    // A request the bridge cannot verify is refused.
+    let forged = reqwest::Client::new()
+        .post(format!("http://{address}/"))
+        .header("webhook-id", "forged")
+        .header(
+            "webhook-timestamp",
+            chrono::Utc::now().timestamp().to_string(),
+        )
+        .header("webhook-signature", "v1,AAAA")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 401);
+}
