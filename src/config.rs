@@ -801,6 +801,40 @@ mod tests {
     }
 
     #[test]
+    fn a_webhook_needs_an_http_url_and_a_secret_from_the_environment_only() {
+        let secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+        let error = |toml: &str| load(toml).unwrap_err().to_string();
+        let no_secret = error("webhook_url = \"https://hooks.example.com/t0ken\"\n");
+        assert!(no_secret.contains("webhook_secret"), "{no_secret}");
+        assert!(!no_secret.contains("t0ken"), "{no_secret}");
+        // A secret in the file is not read.
+        let in_file =
+            format!("webhook_url = \"https://h.example/\"\nwebhook_secret = \"{secret}\"\n");
+        assert!(error(&in_file).contains("OPJOURNAL_WEBHOOK_SECRET"));
+        let bad_url = error("webhook_url = \"ftp://h.example/t0ken\"\n");
+        assert!(
+            bad_url.starts_with("configuration: webhook_url"),
+            "{bad_url}"
+        );
+        assert!(!bad_url.contains("t0ken"));
+        let claim = error("webhook_timeout_seconds = 40\n");
+        assert!(claim.contains("webhook_claim_seconds"), "{claim}");
+        let mut config = Config {
+            webhook_url: Some("https://h.example/".into()),
+            webhook_secret: Some(Secret::new(secret)),
+            ..Config::default()
+        };
+        config.validate().unwrap();
+        assert!(!format!("{config:?}").contains(secret));
+        config.webhook_secret = Some(Secret::new("whsec_c2hvcnQ="));
+        let short = config.validate().unwrap_err().to_string();
+        assert!(
+            short.contains("32 bytes") && !short.contains("c2hvcnQ"),
+            "{short}"
+        );
+    }
+
+    #[test]
     fn without_a_database_url_the_journal_is_an_embedded_file() {
         let config = load("").unwrap();
         assert_eq!(config.database_url, "sqlite://opjournal-data/journal.db");
