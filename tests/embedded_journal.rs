@@ -352,7 +352,8 @@ async fn a_begin_blocked_by_another_writer_is_retryable_and_writes_nothing() {
     assert_eq!(app.rows_for(PAYMENT_KEY).await, 1);
 }
 
-/// The move to Postgres: every operation and its whole history arrive unchanged, and a retry
+/// The move to Postgres: every operation, its whole history and its escalation webhook events
+/// arrive unchanged, and a retry
 /// of a completed key is answered with a replay by a server on Postgres, never executed again.
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn copy_journal_moves_the_embedded_journal_to_postgres(pool: sqlx::PgPool) {
@@ -453,6 +454,26 @@ async fn copy_journal_moves_the_embedded_journal_to_postgres(pool: sqlx::PgPool)
             .await
             .unwrap();
         assert_eq!(copied_history, *history);
+        // The escalation webhook's events too, with their ids and delivery state.
+        let outbox = |entries: Vec<opjournal::store::OutboxEntry>| -> Vec<_> {
+            let read_at = chrono::DateTime::UNIX_EPOCH;
+            let at = |e: opjournal::store::OutboxEntry| opjournal::store::OutboxEntry {
+                observed_at: read_at,
+                ..e
+            };
+            entries.into_iter().map(at).collect()
+        };
+        let (ns, key) = (&record.namespace, &record.operation_key);
+        let copied_events = outbox(target.deliveries(ns, key).await.unwrap());
+        assert_eq!(
+            copied_events,
+            outbox(source.deliveries(ns, key).await.unwrap())
+        );
+        assert_eq!(
+            copied_events.len(),
+            usize::from(record.review_required_at.is_some()),
+            "one event for the escalated operation"
+        );
     }
 
     // A server on Postgres replays the completed payment instead of executing it again.

@@ -1,5 +1,6 @@
-//! Moving from the embedded journal to Postgres: copies every operation and its whole history
-//! from a SQLite journal file into an empty Postgres journal, unchanged (statuses, attempts,
+//! Moving from the embedded journal to Postgres: copies every operation, its whole history and
+//! its escalation webhook events (delivered, pending or dead, with the same event ids) from a
+//! SQLite journal file into an empty Postgres journal, unchanged (statuses, attempts,
 //! leases, review marks, retention deadlines, event ids). Terminal operations matter as much
 //! as open ones: a retry of a completed key must still be answered with a replay after the
 //! move, never executed again.
@@ -50,9 +51,10 @@ pub enum CopyError {
 }
 
 /// The tables of the journal, in the order they are copied.
-const TABLES: [(&str, &str); 2] = [
+const TABLES: [(&str, &str); 3] = [
     ("agent_operations", "namespace, operation_key"),
     ("operation_events", "event_id"),
+    ("escalation_outbox", "seq"),
 ];
 
 /// Copies the journal in `source` into `target`, which must hold no operations and no history.
@@ -72,10 +74,12 @@ pub async fn sqlite_to_postgres(
         .await
         .map_err(sqlite_error)?;
     let mut writer = target.pool().begin().await.map_err(pg_error)?;
-    sqlx::query("LOCK TABLE agent_operations, operation_events IN EXCLUSIVE MODE")
-        .execute(&mut *writer)
-        .await
-        .map_err(pg_error)?;
+    sqlx::query(
+        "LOCK TABLE agent_operations, operation_events, escalation_outbox IN EXCLUSIVE MODE",
+    )
+    .execute(&mut *writer)
+    .await
+    .map_err(pg_error)?;
     let (operations, events): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT COUNT(*) FROM agent_operations), (SELECT COUNT(*) FROM operation_events)",
     )
@@ -151,7 +155,8 @@ pub async fn sqlite_to_postgres(
         }
         match table {
             "agent_operations" => report.operations = copied,
-            _ => report.events = copied,
+            "operation_events" => report.events = copied,
+            _ => {}
         }
     }
     // New history entries continue after the copied ones.
@@ -159,6 +164,14 @@ pub async fn sqlite_to_postgres(
         "SELECT setval(pg_get_serial_sequence('operation_events', 'event_id'), \
              (SELECT MAX(event_id) FROM operation_events)) \
          WHERE EXISTS (SELECT 1 FROM operation_events)",
+    )
+    .execute(&mut *writer)
+    .await
+    .map_err(pg_error)?;
+    sqlx::query(
+        "SELECT setval(pg_get_serial_sequence('escalation_outbox', 'seq'), \
+             (SELECT MAX(seq) FROM escalation_outbox)) \
+         WHERE EXISTS (SELECT 1 FROM escalation_outbox)",
     )
     .execute(&mut *writer)
     .await
