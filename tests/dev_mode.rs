@@ -1,7 +1,8 @@
-//! `opjournal dev`: the built binary starts the server, the reconcile worker and the sandbox
-//! provider in one process on port 0s and a temporary data directory; the README's Python
-//! example and `opjournal demo --against` run against what it prints; SIGTERM stops every
-//! part with exit code 0; the journal outlives a restart unless `--fresh` is given.
+//! `opjournal dev`: the built binary starts the server, the reconcile worker, the sandbox
+//! provider and the review console in one process on port 0s and a temporary data directory;
+//! the README's Python example and `opjournal demo --against` run against what it prints; the
+//! printed token signs in to the console and another token does not; SIGTERM stops every part
+//! with exit code 0; the journal outlives a restart unless `--fresh` is given.
 //! The Python client comes from `OPJOURNAL_TEST_CLIENT_PYTHON` or the virtual environment
 //! `./scripts/test` prepares (`scripts/client-envs python`).
 
@@ -53,6 +54,8 @@ struct Dev {
     banner: String,
     grpc: String,
     sandbox_url: String,
+    console_url: String,
+    token: String,
 }
 
 impl Dev {
@@ -60,6 +63,7 @@ impl Dev {
         let mut child = Command::new(env!("CARGO_BIN_EXE_opjournal"))
             .arg("dev")
             .args(["--listen", "127.0.0.1:0", "--sandbox-listen", "127.0.0.1:0"])
+            .args(["--console-listen", "127.0.0.1:0"])
             .arg("--data-dir")
             .arg(data_dir)
             .args(extra)
@@ -93,12 +97,16 @@ impl Dev {
         };
         let grpc = field("gRPC API ");
         let sandbox_url = field("sandbox ");
+        let console_url = field("console ");
+        let token = field("token ");
         Self {
             child,
             _stdout: stdout,
             banner,
             grpc,
             sandbox_url,
+            console_url,
+            token,
         }
     }
 
@@ -158,6 +166,44 @@ async fn sandbox_stats(sandbox_url: &str) -> serde_json::Value {
         .json()
         .await
         .unwrap()
+}
+
+/// Signs in to the console with `token`; returns the answer's status and, on success, the
+/// page `/queue` then shows. The double-submit value is the test's own, in cookie and form.
+async fn console_sign_in(console_url: &str, token: &str) -> (u16, Option<String>) {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let csrf = "0123456789abcdef0123456789abcdef";
+    let answer = http
+        .post(format!("{console_url}sign-in"))
+        .header("cookie", format!("opjournal_console_sign_in={csrf}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}&token={token}"))
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status().as_u16();
+    let session = answer
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|v| v.split(';').next())
+        .find(|pair| !pair.starts_with("opjournal_console_sign_in=") && !pair.ends_with('='))
+        .map(str::to_owned);
+    let Some(session) = session else {
+        return (status, None);
+    };
+    let queue = http
+        .get(format!("{console_url}queue"))
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(queue.status().as_u16(), 200);
+    (status, Some(queue.text().await.unwrap()))
 }
 
 async fn listening(address: &str) -> bool {
@@ -226,15 +272,34 @@ async fn dev_runs_the_readme_example_and_the_demo_then_stops_on_sigterm() {
         "the worker looked the payment up: {stats}"
     );
 
+    // The console signs in with the printed token only.
+    assert!(
+        dev.console_url.starts_with("http://127.0.0.1:"),
+        "{}",
+        dev.banner
+    );
+    assert_eq!(dev.token.len(), 64, "{}", dev.banner);
+    let (status, queue) = console_sign_in(&dev.console_url, &dev.token).await;
+    assert_eq!(status, 303, "the printed token must sign in");
+    assert!(queue.unwrap().contains("dev-reviewer"));
+    let (status, queue) = console_sign_in(&dev.console_url, &"0".repeat(64)).await;
+    assert_eq!(status, 401);
+    assert!(queue.is_none());
+
     // SIGTERM stops every part: exit 0, nothing left listening.
-    let (grpc, sandbox) = (
+    let (grpc, sandbox, console) = (
         dev.grpc.clone(),
         dev.sandbox_url.trim_start_matches("http://").to_owned(),
+        dev.console_url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_owned(),
     );
-    assert!(listening(&grpc).await && listening(&sandbox).await);
+    assert!(listening(&grpc).await && listening(&sandbox).await && listening(&console).await);
     assert!(dev.terminate().await, "opjournal dev did not exit with 0");
     assert!(!listening(&grpc).await, "gRPC still listening");
     assert!(!listening(&sandbox).await, "sandbox still listening");
+    assert!(!listening(&console).await, "console still listening");
 
     // The journal outlives a restart ...
     let dev = Dev::start(data.path(), &[]).await;
@@ -253,15 +318,17 @@ async fn dev_runs_the_readme_example_and_the_demo_then_stops_on_sigterm() {
 #[tokio::test]
 async fn dev_refuses_addresses_other_hosts_can_reach() {
     let data = tempfile::tempdir().unwrap();
-    for (flag, other) in [
-        ("--listen", "--sandbox-listen"),
-        ("--sandbox-listen", "--listen"),
-    ] {
+    let flags = ["--listen", "--sandbox-listen", "--console-listen"];
+    for flag in flags {
+        let mut args = vec![flag, "0.0.0.0:0"];
+        for other in flags.iter().filter(|other| **other != flag) {
+            args.extend([*other, "127.0.0.1:0"]);
+        }
         let output = Command::new(env!("CARGO_BIN_EXE_opjournal"))
             .arg("dev")
             .arg("--data-dir")
             .arg(data.path())
-            .args([flag, "0.0.0.0:0", other, "127.0.0.1:0"])
+            .args(args)
             .env("RUST_LIB_BACKTRACE", "0")
             .output()
             .await

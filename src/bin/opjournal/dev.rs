@@ -1,10 +1,11 @@
 //! `opjournal dev`: the whole stand in one process for local development — the gRPC
-//! server, the reconcile worker and the sandbox provider, on an embedded SQLite journal in a
-//! data directory, on loopback addresses only. It prints the addresses, a Python snippet to
-//! paste and the command that runs the seven-step check against it, then runs until SIGTERM
-//! or Ctrl-C, when every part stops.
+//! server, the reconcile worker, the sandbox provider and the review console, on an embedded
+//! SQLite journal in a data directory, on loopback addresses only. It prints the addresses,
+//! the console's sign-in token, a Python snippet to paste and the command that runs the
+//! seven-step check against it, then runs until SIGTERM or Ctrl-C, when every part stops.
 //!
-//! The gRPC API is unauthenticated here (loopback only, as `serve` without tokens).
+//! The gRPC API is unauthenticated here (loopback only, as `serve` without tokens); the
+//! console signs in with a reviewer token made at start and printed, valid for this run.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,8 +13,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use opjournal::api::Authenticator;
+use opjournal::api::console::{ConsoleAccess, ConsoleOptions};
 use opjournal::app;
 use opjournal::config::{Config, LogFormat};
+use opjournal::domain::access::{NamespaceScope, Principal, Role, TokenDigest, TokenRegistry};
 use opjournal::telemetry::{LogOptions, Metrics, Telemetry};
 use opjournal_sandbox::{Sandbox, SandboxConfig};
 use serde::Serialize;
@@ -42,6 +45,9 @@ pub struct DevFlags {
     /// Sandbox provider listen address (loopback only; port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:8081")]
     sandbox_listen: SocketAddr,
+    /// Review console listen address (loopback only; port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    console_listen: SocketAddr,
     /// Use this action policy file (YAML) instead of the generated one, which configures
     /// `create_payment` reconciled through the sandbox provider and accepts every other action
     /// type with the defaults.
@@ -126,6 +132,7 @@ fn delete_journal(file: &Path) -> anyhow::Result<()> {
 pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
     loopback("--listen", flags.listen)?;
     loopback("--sandbox-listen", flags.sandbox_listen)?;
+    loopback("--console-listen", flags.console_listen)?;
     let filter = std::env::var("RUST_LOG")
         .ok()
         .filter(|v| !v.trim().is_empty())
@@ -143,7 +150,8 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
         delete_journal(&journal_file)?;
     }
 
-    // Every address is bound before anything starts, so a busy port stops nothing half-way.
+    // The gRPC and sandbox addresses are bound before anything starts and the console's as
+    // the first part starts, so a busy port stops nothing half-way.
     let (grpc_listener, grpc_address) = bind("--listen", flags.listen).await?;
     let (sandbox_listener, sandbox_address) =
         bind("--sandbox-listen", flags.sandbox_listen).await?;
@@ -190,6 +198,24 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
     options.tls = None;
 
     let shutdown = app::shutdown_on_signals();
+    let token = ConsoleToken::generate();
+    let console_options = ConsoleOptions::new(
+        ConsoleAccess::from_registry(token.registry()?),
+        None,
+        config.max_result_bytes,
+    );
+    let (console_url, console) = app::serve_console(
+        &parts,
+        flags.console_listen,
+        console_options,
+        shutdown.clone(),
+    )
+    .with_context(|| {
+        format!(
+            "--console-listen {}: cannot listen (another process on it?)",
+            flags.console_listen
+        )
+    })?;
     let sandbox = tokio::spawn(
         Sandbox::new(SandboxConfig {
             lookup_lag: Duration::ZERO,
@@ -211,19 +237,22 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
 
-    announce_stand(
-        &flags,
+    announce_stand(&Stand {
+        fresh: flags.fresh,
         grpc_address,
-        &sandbox_url,
-        &journal_file,
-        &policy_file,
-    );
+        sandbox_url: &sandbox_url,
+        console_url: &console_url,
+        token: &token,
+        journal_file: &journal_file,
+        policy_file: &policy_file,
+    });
 
     let served = server.await.context("the gRPC server panicked")?;
     // A server that stopped on an error takes the other parts down with it.
     shutdown.cancel();
     let sandboxed = sandbox.await.context("the sandbox provider panicked")?;
     reconcile.await.context("the reconcile worker panicked")?;
+    console.await.context("the review console panicked")?;
     parts.database.close().await;
     served.context("the gRPC server stopped")?;
     sandboxed.context("the sandbox provider stopped")?;
@@ -231,26 +260,67 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints what runs where and how to use it.
-fn announce_stand(
-    flags: &DevFlags,
+/// The console's sign-in token for one run: 32 random bytes in hexadecimal, held by the
+/// principal `dev-reviewer` with the reviewer and admin roles in every namespace; only its
+/// digest is kept in the registry.
+struct ConsoleToken(String);
+
+impl ConsoleToken {
+    /// A fresh token from the thread's cryptographically secure generator.
+    fn generate() -> Self {
+        Self(hex::encode(rand::random::<[u8; 32]>()))
+    }
+
+    /// The registry of this one token.
+    fn registry(&self) -> anyhow::Result<TokenRegistry> {
+        let principal = Principal {
+            name: "dev-reviewer".to_owned(),
+            namespaces: NamespaceScope::Any,
+            roles: [Role::Reviewer, Role::Admin].into(),
+        };
+        TokenRegistry::new([(TokenDigest::of(&self.0), principal)])
+            .map_err(|e| anyhow::anyhow!("the console token: {e}"))
+    }
+}
+
+/// What `dev` started, for the banner.
+struct Stand<'a> {
+    fresh: bool,
     grpc_address: SocketAddr,
-    sandbox_url: &str,
-    journal_file: &Path,
-    policy_file: &Path,
-) {
-    let fresh = if flags.fresh { ", started empty" } else { "" };
+    sandbox_url: &'a str,
+    console_url: &'a str,
+    token: &'a ConsoleToken,
+    journal_file: &'a Path,
+    policy_file: &'a Path,
+}
+
+/// Prints what runs where and how to use it.
+fn announce_stand(stand: &Stand<'_>) {
+    let Stand {
+        grpc_address,
+        sandbox_url,
+        console_url,
+        ..
+    } = *stand;
+    let fresh = if stand.fresh { ", started empty" } else { "" };
     let lines = [
-        "opjournal dev: server, reconcile worker and sandbox provider in one process.".to_owned(),
+        "opjournal dev: server, reconcile worker, sandbox provider and review console in one \
+         process."
+            .to_owned(),
         String::new(),
         format!("  gRPC API     {grpc_address}  (no token needed; loopback only)"),
         format!("  sandbox      {sandbox_url}  (fake payment and e-mail provider)"),
         format!("  reconciler   polling every {POLL_SECONDS} s"),
+        format!("  console      {console_url}  (sign in with the token below)"),
+        format!(
+            "  token        {}  (reviewer and admin, this run only)",
+            stand.token.0
+        ),
         format!(
             "  journal      {}  (embedded SQLite{fresh})",
-            journal_file.display()
+            stand.journal_file.display()
         ),
-        format!("  policy       {}", policy_file.display()),
+        format!("  policy       {}", stand.policy_file.display()),
         String::new(),
         "Protect a function from Python (from the repository's root):".to_owned(),
         String::new(),
