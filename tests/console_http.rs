@@ -698,3 +698,126 @@ async fn without_tokens_the_server_refuses_a_console_other_hosts_can_reach() {
         String::from_utf8_lossy(&allowed.stderr)
     );
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn an_operations_page_shows_where_its_webhook_deliveries_stand(pool: PgPool) {
+    use opjournal::domain::model::{Namespace, OperationKey};
+    use opjournal::store::DeliveryOutcome;
+
+    let console = ConsoleApp::spawn(pool).await;
+    console.escalated_email(KEY, Some(ORCHESTRATOR)).await;
+    let visitor = Visitor::new(&console.url);
+    visitor.sign_in("token", ALICE).await;
+    let store = console.app.db.database().store();
+    let deliveries = || async {
+        let (namespace, key) = (
+            Namespace::parse(SHOP).unwrap(),
+            OperationKey::parse(KEY).unwrap(),
+        );
+        store.deliveries(&namespace, &key).await.unwrap()
+    };
+    let panel = |body: &str| {
+        let start = body
+            .find(r#"id="deliveries""#)
+            .expect("the deliveries panel");
+        body[start..].split("</section>").next().unwrap().to_owned()
+    };
+
+    // Escalated, no webhook configured: the event waits in the outbox, never attempted.
+    let escalated = deliveries().await;
+    assert_eq!(escalated.len(), 1);
+    let page = panel(&visitor.get(&operation_path(KEY)).await.body);
+    assert!(page.contains("operation.review_required"));
+    assert!(page.contains(&escalated[0].event.event_id.to_string()));
+    assert!(page.contains(">pending<"), "{page}");
+    assert!(page.contains("due now"), "{page}");
+
+    // The worker's first attempt fails with a 503: the page shows the answer and the retry.
+    let claimed = store
+        .claim_deliveries(10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let failed = DeliveryOutcome::Failed {
+        status_code: Some(503),
+        error: "http_503".into(),
+        retry_after: Duration::from_secs(300),
+    };
+    assert!(
+        store
+            .record_delivery(claimed[0].event.event_id, claimed[0].attempts, &failed)
+            .await
+            .unwrap()
+    );
+    let page = panel(&visitor.get(&operation_path(KEY)).await.body);
+    assert!(page.contains("HTTP 503 (http_503)"), "{page}");
+    assert!(page.contains("next attempt in 4m"), "{page}");
+
+    // The reviewer resolves it: a second event. The first is then delivered, the second
+    // given up on: each row shows its own state.
+    let csrf = visitor.csrf().await;
+    let form = resolve_form(&csrf, "1", "failed_final", "bounced: no such mailbox");
+    assert_eq!(visitor.post("/operation/resolve", &form).await.status, 303);
+    let delivered = DeliveryOutcome::Delivered { status_code: 204 };
+    assert!(
+        store
+            .record_delivery(claimed[0].event.event_id, claimed[0].attempts, &delivered)
+            .await
+            .unwrap()
+    );
+    let resolution = store
+        .claim_deliveries(10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(resolution.len(), 1, "only the resolution's event is due");
+    let dead = DeliveryOutcome::Dead {
+        status_code: None,
+        error: "connect".into(),
+    };
+    assert!(
+        store
+            .record_delivery(resolution[0].event.event_id, resolution[0].attempts, &dead)
+            .await
+            .unwrap()
+    );
+    let page = panel(&visitor.get(&operation_path(KEY)).await.body);
+    assert!(page.contains("operation.review_resolved"), "{page}");
+    assert!(
+        page.contains(r#"class="delivery delivery-delivered""#),
+        "{page}"
+    );
+    assert!(page.contains(r#"class="delivery delivery-dead""#), "{page}");
+    assert!(
+        page.contains("HTTP 204") && page.contains("given up"),
+        "{page}"
+    );
+    let states: Vec<_> = deliveries()
+        .await
+        .iter()
+        .map(|d| d.state.as_str())
+        .collect();
+    assert_eq!(states, ["delivered", "dead"]);
+
+    // The outbox's totals span namespaces: a token scoped to the shop does not see them.
+    let queue = visitor.get("/queue").await;
+    assert!(!queue.body.contains("count-webhook-pending"));
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_queue_shows_the_webhook_outbox_to_callers_of_every_namespace(pool: PgPool) {
+    let console = ConsoleApp::spawn_open(pool).await;
+    console.escalated_email(KEY, None).await;
+    console
+        .escalated_email("email:order-818:shipped-v1", None)
+        .await;
+    let visitor = Visitor::new(&console.url);
+    assert_eq!(visitor.sign_in("name", "Dana").await.status, 303);
+    let queue = visitor.get("/queue?namespace=shop").await;
+    let count = |id: &str| {
+        let re = regex::Regex::new(&format!(r#"id="{id}">\s*<span class="n">(\d+)<"#)).unwrap();
+        re.captures(&queue.body).unwrap()[1].parse::<i64>().unwrap()
+    };
+    assert_eq!(count("count-webhook-pending"), 2, "{}", queue.body);
+    assert_eq!(count("count-webhook-dead"), 0);
+    assert!(queue.body.contains("oldest waiting"));
+}

@@ -224,6 +224,15 @@ impl Caller {
         }
     }
 
+    /// Whether the caller may touch every namespace (authentication off, or a token with
+    /// `["*"]`): only such callers see figures that span namespaces.
+    pub fn covers_every_namespace(&self) -> bool {
+        match self {
+            Self::Anyone => true,
+            Self::Principal(p) => p.namespaces == NamespaceScope::Any,
+        }
+    }
+
     /// The principal's name; `None` when authentication is off.
     pub fn name(&self) -> Option<&str> {
         match self {

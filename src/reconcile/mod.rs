@@ -34,7 +34,10 @@ use crate::domain::model::{
 use crate::domain::policy::{ActionPolicy, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
 use crate::journal::{PageToken, RequestLimits, page_limit};
-use crate::store::{HistoryQuery, JournalStore, Lookup, QueueStats, Resolution, ReviewQuery};
+use crate::store::{
+    HistoryQuery, JournalStore, Lookup, OutboxEntry, OutboxStats, QueueStats, Resolution,
+    ReviewQuery,
+};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
@@ -575,6 +578,29 @@ impl Reconciler {
     pub async fn queue_stats(&self, namespace: &str) -> Result<QueueStats, JournalError> {
         let namespace = Namespace::parse(namespace)?;
         Ok(self.store.queue_stats(&namespace).await?)
+    }
+
+    /// The escalation webhook's events for one operation (entering and leaving review),
+    /// oldest first, each with its delivery state: what the review console shows. Events are
+    /// written whether or not a webhook URL is configured; without one they stay pending.
+    ///
+    /// Errors: a malformed namespace or key (`INVALID_ARGUMENT`); `UNAVAILABLE`/
+    /// `STORE_UNAVAILABLE`.
+    pub async fn deliveries(
+        &self,
+        namespace: &str,
+        operation_key: &str,
+    ) -> Result<Vec<OutboxEntry>, JournalError> {
+        let namespace = Namespace::parse(namespace)?;
+        let key = OperationKey::parse(operation_key)?;
+        Ok(self.store.deliveries(&namespace, &key).await?)
+    }
+
+    /// The whole outbox's pending and given-up events, and the oldest pending event's age.
+    ///
+    /// Errors: `UNAVAILABLE`/`STORE_UNAVAILABLE`.
+    pub async fn outbox_stats(&self) -> Result<OutboxStats, JournalError> {
+        Ok(self.store.outbox_stats().await?)
     }
 
     /// An operation's history, oldest first, and the next page token.

@@ -33,7 +33,7 @@ use crate::domain::model::{
 
 pub use crate::domain::transition::{Resolution, Settlement};
 pub use crate::telemetry::metrics::BacklogStats;
-pub use outbox::{DeliveryOutcome, DeliveryState, EscalationOutbox, OutboxEntry};
+pub use outbox::{DeliveryOutcome, DeliveryState, EscalationOutbox, OutboxEntry, OutboxStats};
 pub use postgres::PgStore;
 pub use sql::{Clock, SqlStore};
 pub use sqlite::SqliteStore;

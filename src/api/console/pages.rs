@@ -12,8 +12,8 @@ use tonic::Code;
 use super::Console;
 use super::session::{Session, SignedIn, csrf_refusal};
 use super::view::{
-    self, Banner, EventView, OperationPage, Page, QueuePage, ResolveValues, Row, SearchPage,
-    encode, operation_href,
+    self, Banner, DeliveryView, EventView, OperationPage, OutboxView, Page, QueuePage,
+    ResolveValues, Row, SearchPage, encode, operation_href,
 };
 use crate::domain::access::{AccessError, Rpc};
 use crate::domain::error::JournalError;
@@ -176,6 +176,12 @@ pub async fn queue(
     page.min_age = min_age;
     page.counts = view::counts(&stats);
     page.rows = records.iter().map(Row::of).collect();
+    if session.caller.covers_every_namespace() {
+        match reconciler.outbox_stats().await {
+            Ok(stats) => page.outbox = Some(OutboxView::of(&stats)),
+            Err(error) => return journal_error(&session, error),
+        }
+    }
     if !next.is_empty() {
         page.next = format!("{here}&page={}", encode(&next));
     }
@@ -239,6 +245,9 @@ async fn operation_page(
     let mut page = OperationPage::new(session, &record);
     if session.caller.authorize(Rpc::GetOperationHistory).is_ok() {
         page.history = Some(history(console, session, namespace, key).await?);
+        let deliveries = console.reconciler.deliveries(namespace, key).await;
+        let deliveries = deliveries.map_err(|e| journal_error(session, e))?;
+        page.deliveries = Some(deliveries.iter().map(DeliveryView::of).collect());
     }
     if record.status == Status::Unknown {
         if session.caller.authorize(Rpc::ResolveOperation).is_ok() {

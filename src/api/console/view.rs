@@ -10,7 +10,7 @@ use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::session::Session;
 use crate::domain::model::{OperationEvent, OperationRecord};
-use crate::store::{QueueStats, StateCount};
+use crate::store::{DeliveryState, OutboxEntry, OutboxStats, QueueStats, StateCount};
 
 /// What every page shows around its content: who is signed in, and the sign-out form.
 pub struct Chrome {
@@ -314,6 +314,9 @@ pub struct QueuePage {
     pub next: String,
     /// This page's own link, for the counts' refresh.
     pub refresh: String,
+    /// The escalation webhook's outbox over every namespace; shown only to callers whose
+    /// token covers every namespace.
+    pub outbox: Option<OutboxView>,
 }
 
 impl Page for QueuePage {}
@@ -331,6 +334,7 @@ impl QueuePage {
             rows: Vec::new(),
             next: String::new(),
             refresh: String::new(),
+            outbox: None,
         }
     }
 }
@@ -449,6 +453,9 @@ pub struct OperationPage {
     pub result: Option<String>,
     /// The history, oldest first; `None` when the caller may not read it.
     pub history: Option<Vec<EventView>>,
+    /// The escalation webhook's events for the operation with their delivery state, oldest
+    /// first; `None` when the caller may not read the history.
+    pub deliveries: Option<Vec<DeliveryView>>,
     /// Whether the resolve forms are shown.
     pub may_resolve: bool,
     /// Why they are not, when the operation could be resolved by someone else.
@@ -507,10 +514,88 @@ impl OperationPage {
                 .collect(),
             result,
             history: None,
+            deliveries: None,
             may_resolve: false,
             resolve_note: None,
             csrf: session.csrf.clone(),
             values: ResolveValues::default(),
+        }
+    }
+}
+
+/// One escalation webhook event of an operation and where its delivery stands.
+pub struct DeliveryView {
+    /// The event id: the receivers' de-duplication key (the `webhook-id` header).
+    pub event_id: String,
+    /// `operation.review_required` or `operation.review_resolved`.
+    pub event_type: &'static str,
+    /// When the change behind it committed, UTC.
+    pub occurred: String,
+    /// `pending`, `delivered` or `dead` (given up after its max age).
+    pub state: &'static str,
+    /// Attempts made so far.
+    pub attempts: i32,
+    /// The last attempt's answer: `HTTP 503 (http_503)`, `timeout`, ...; empty before the
+    /// first attempt.
+    pub last: String,
+    /// When: the next attempt (pending), delivery or giving up (finished).
+    pub when: String,
+}
+
+impl DeliveryView {
+    /// The view of `entry`.
+    pub fn of(entry: &OutboxEntry) -> Self {
+        let last = match (entry.last_status_code, entry.last_error.as_deref()) {
+            (Some(code), Some(error)) => format!("HTTP {code} ({error})"),
+            (Some(code), None) => format!("HTTP {code}"),
+            (None, Some(error)) => error.to_owned(),
+            (None, None) => String::new(),
+        };
+        let when_text = match (entry.state, entry.finished_at) {
+            (DeliveryState::Pending, _) if entry.next_attempt_at <= entry.observed_at => {
+                "due now".to_owned()
+            }
+            (DeliveryState::Pending, _) => format!(
+                "next attempt in {}",
+                age(entry.next_attempt_at - entry.observed_at)
+            ),
+            (DeliveryState::Delivered, Some(at)) => format!("delivered {}", when(at)),
+            (DeliveryState::Dead, Some(at)) => format!("given up {}", when(at)),
+            (_, None) => String::new(),
+        };
+        Self {
+            event_id: entry.event.event_id.to_string(),
+            event_type: entry.event.event_type.as_str(),
+            occurred: when(entry.event.occurred_at),
+            state: entry.state.as_str(),
+            attempts: entry.attempts,
+            last,
+            when: when_text,
+        }
+    }
+}
+
+/// The escalation webhook's outbox as the queue page shows it.
+pub struct OutboxView {
+    /// Events not yet delivered.
+    pub pending: u64,
+    /// The oldest pending event's age, empty when none is pending.
+    pub oldest: String,
+    /// Events given up on.
+    pub dead: u64,
+}
+
+impl OutboxView {
+    /// The view of `stats`.
+    pub fn of(stats: &OutboxStats) -> Self {
+        Self {
+            pending: stats.pending,
+            oldest: stats
+                .oldest_pending_age
+                .and_then(|age_of| chrono::TimeDelta::from_std(age_of).ok())
+                .map(|delta| format!("oldest waiting {}", age(delta)))
+                .unwrap_or_default(),
+            dead: stats.dead,
         }
     }
 }
