@@ -2682,7 +2682,6 @@ async fn the_backlog_statement_uses_only_partial_indexes_on_postgres(pool: PgPoo
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN {}",
         opjournal::store::PgStore::new(pool.clone())
-            .statements()
             .explained()
             .into_iter()
             .find_map(|(name, sql)| (name == "backlog_stats").then(|| sql.to_owned()))
@@ -2868,7 +2867,6 @@ async fn the_queue_counts_never_read_terminal_rows_on_postgres(pool: PgPool) {
         .await
         .unwrap();
     let sql = opjournal::store::PgStore::new(pool.clone())
-        .statements()
         .explained()
         .into_iter()
         .find_map(|(name, sql)| (name == "queue_stats").then(|| sql.to_owned()))
