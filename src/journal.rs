@@ -26,7 +26,7 @@ use crate::domain::policy::{
 };
 use crate::domain::sensitive;
 use crate::store::{
-    Claim, JournalStore, ListQuery, NewOperation, Registration, SameRequest, SearchQuery,
+    Claim, Clock, JournalStore, ListQuery, NewOperation, Registration, SameRequest, SearchQuery,
     Settlement, StoreError,
 };
 use crate::telemetry::Metrics;
@@ -200,13 +200,13 @@ impl Journal {
     /// need not read the row first.
     pub fn new(store: Arc<dyn JournalStore>, policy: Arc<Policy>, limits: RequestLimits) -> Self {
         Self {
-            store,
             policy,
             limits,
             counters: Arc::default(),
             key_deriver: None,
             metrics: Metrics::disabled(),
-            leases: LeaseRules::new(LEASE_RULES_ENTRIES),
+            leases: LeaseRules::new(LEASE_RULES_ENTRIES, store.clock().clone()),
+            store,
         }
     }
 
@@ -954,6 +954,8 @@ struct LeaseRule {
     recorded: Option<ActionPolicy>,
     /// Time left on the lease when it was granted or last renewed.
     lives_for: Duration,
+    /// When the lease ends, by the store's clock as this process reads it.
+    ends: DateTime<Utc>,
 }
 
 /// The rules of the leases this journal granted, by lease id, so that Complete and
@@ -962,9 +964,15 @@ struct LeaseRule {
 /// (renewals move the end), whichever comes first. A missing entry (granted by another
 /// replica or before a restart, evicted, or past its lease) only means the row is read, as
 /// it always was.
+///
+/// The end of a lease is measured as the database measured its length, and an entry is
+/// answered only before it by the store's [`Clock`]: real time in production, moved forward
+/// by tests (which then need not sleep for an entry to end). The cache also drops each entry
+/// at that end by real time, to bound its memory.
 #[derive(Clone)]
 struct LeaseRules {
     entries: moka::sync::Cache<Uuid, Arc<LeaseRule>>,
+    clock: Clock,
 }
 
 /// Expires an entry when its lease ends.
@@ -992,13 +1000,19 @@ impl moka::Expiry<Uuid, Arc<LeaseRule>> for AtLeaseEnd {
 }
 
 impl LeaseRules {
-    fn new(max_entries: u64) -> Self {
+    fn new(max_entries: u64, clock: Clock) -> Self {
         Self {
             entries: moka::sync::Cache::builder()
                 .max_capacity(max_entries)
                 .expire_after(AtLeaseEnd)
                 .build(),
+            clock,
         }
+    }
+
+    /// Now, by the store's clock.
+    fn now(&self) -> DateTime<Utc> {
+        self.clock.now().unwrap_or_else(Utc::now)
     }
 
     /// Keeps the rules of the lease `token` just granted on `record`; `file` is the policy
@@ -1019,15 +1033,16 @@ impl LeaseRules {
                 action_type: record.action_type.clone(),
                 recorded,
                 lives_for,
+                ends: self.now() + lives_for,
             }),
         );
     }
 
-    /// The rules kept for `token`'s lease, if any.
+    /// The rules kept for `token`'s lease, if any and the lease has not ended.
     fn recall(&self, token: &LeaseToken) -> Option<Arc<LeaseRule>> {
         self.entries
             .get(&token.lease_id)
-            .filter(|rule| rule.token == *token)
+            .filter(|rule| rule.token == *token && self.now() < rule.ends)
     }
 
     /// Moves the end of a kept lease to the renewed `record`'s.
@@ -1042,6 +1057,7 @@ impl LeaseRules {
                 action_type: rule.action_type.clone(),
                 recorded: rule.recorded.clone(),
                 lives_for,
+                ends: self.now() + lives_for,
             }),
         );
     }

@@ -1840,7 +1840,7 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
         .unwrap();
     let token = lease(journal.begin(command).await.unwrap());
     journal.renew(&token, 30).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    fx.clock.advance(Duration::from_millis(1300));
     let (renewed, calls) = store_calls(journal.complete(&token, "pay_8", result)).await;
     assert_eq!(calls, ["settle"]);
     assert_eq!(renewed.unwrap().result_json, kept.result_json);
@@ -1939,7 +1939,7 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     }
     // A lease taken over after it ended is lost to its first holder, kept or not.
     let first = begin(journal.clone(), "taken", 1).await;
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    fx.clock.advance(Duration::from_millis(1300));
     let taken_by = fx
         .store
         .claim(&Claim {
@@ -2696,6 +2696,23 @@ async fn the_backlog_statement_uses_only_partial_indexes_on_postgres(pool: PgPoo
     assert!(plan.contains("agent_operations_review_queue"), "{plan}");
 }
 
+/// Returns once a statement on this test's database waits for a lock that another
+/// transaction holds (Postgres reports it in `pg_stat_activity`).
+async fn a_statement_waits_for_a_lock(pool: &PgPool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+    {
+        assert!(std::time::Instant::now() < deadline, "no statement waits");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A report racing a change of its row on Postgres: the change committed after the report's
 /// snapshot is waited for, the fence is checked on the row as that change left it, and the
 /// status answered is the one the report replaced.
@@ -2720,7 +2737,7 @@ async fn a_report_racing_a_change_of_its_row_sees_the_change_on_postgres(pool: P
     let store = fx.store.clone();
     let token_swept = token(&swept);
     let report = tokio::spawn(async move { store.settle(&token_swept, &declined()).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    a_statement_waits_for_a_lock(&pool).await;
     assert!(!report.is_finished(), "the report waits for the sweep");
     sweep.commit().await.unwrap();
     let Settled { record, previous } = report.await.unwrap().unwrap().unwrap();
@@ -2753,7 +2770,7 @@ async fn a_report_racing_a_change_of_its_row_sees_the_change_on_postgres(pool: P
     let store = fx.store.clone();
     let token_taken = token(&taken);
     let report = tokio::spawn(async move { store.settle(&token_taken, &succeeded("pay_1")).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    a_statement_waits_for_a_lock(&pool).await;
     assert!(!report.is_finished(), "the report waits for the takeover");
     takeover.commit().await.unwrap();
     assert!(report.await.unwrap().unwrap().is_none());
@@ -2781,7 +2798,7 @@ async fn a_registration_racing_another_answers_raced_on_postgres(pool: PgPool) {
     let store = fx.store.clone();
     let registration =
         tokio::spawn(async move { store.register(&new_operation("k", LEASE)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    a_statement_waits_for_a_lock(&pool).await;
     assert!(
         !registration.is_finished(),
         "the registration waits for the other"
@@ -2808,25 +2825,27 @@ async fn a_new_journal_is_analyzed_once_it_holds_operations_on_postgres(pool: Pg
         .await
         .unwrap();
     }
-    let store = opjournal::store::postgres::PgStore::new(pool.clone());
+    // One connection: every change below is that one backend's to report.
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let store = opjournal::store::postgres::PgStore::new(one.clone());
     assert_eq!(store.analyze_new_tables(200).await.unwrap(), Some(0));
 
     for i in 0..300 {
         let new = new_operation(&format!("analyze-{i}"), HOLD);
         assert!(inserted(store.register(&new).await.unwrap()).is_some());
     }
-    // Backends report their changes to the statistics within seconds.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut analyzed = 0;
-    while let Some(tables) = store.analyze_new_tables(200).await.unwrap() {
-        analyzed += tables;
-        assert!(
-            std::time::Instant::now() < deadline,
-            "analyzed {analyzed} of 2"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(analyzed, 2);
+    // A backend reports its changes to the statistics at most once a second, when idle;
+    // this makes it report them as soon as this statement ends.
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&one)
+        .await
+        .unwrap();
+    assert_eq!(store.analyze_new_tables(200).await.unwrap(), Some(2));
+    assert_eq!(store.analyze_new_tables(200).await.unwrap(), None);
 
     let mut conn = pool.acquire().await.unwrap();
     sqlx::query("SET plan_cache_mode = force_generic_plan")

@@ -398,11 +398,6 @@ impl<D: Dialect> SqlStore<D> {
         self
     }
 
-    /// The clock of this store's statements, shared with its clones (tests move it).
-    pub fn clock(&self) -> &Clock {
-        &self.clock
-    }
-
     /// The statements whose cost must not grow with the journal, as this store sends them,
     /// each named after the method that sends it, for the query plans the benchmark shows
     /// (docs/performance.md); a report by its first variant (a success).
@@ -616,6 +611,10 @@ fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
 
 #[async_trait]
 impl<D: Dialect> JournalStore for SqlStore<D> {
+    fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
     async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
         let statement = &self.statements.register;
         let register = async {
