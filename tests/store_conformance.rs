@@ -24,7 +24,9 @@ use opjournal::domain::model::{
     OperationRecord, Status,
 };
 use opjournal::domain::policy::Policy;
-use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
+use opjournal::journal::{
+    BeginOutcome, Complete, Fail, Journal, Renew, ReportUnknown, RequestLimits,
+};
 use opjournal::store::{
     Claim, Clock, DeliveryOutcome, DeliveryState, HistoryQuery, JournalMaintenance, JournalStore,
     ListQuery, Lookup, NewOperation, OutboxEntry, Registration, Resolution, ReviewQuery,
@@ -1786,7 +1788,8 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
         "{again:?}"
     );
     assert_eq!(calls, ["register"]);
-    let (kept, calls) = store_calls(journal.complete(&token, "pay_1", result)).await;
+    let (kept, calls) =
+        store_calls(journal.complete(Complete::new(&token, "pay_1", result).unwrap())).await;
     assert_eq!(calls, ["settle"]);
     let kept = kept.unwrap();
     assert_eq!(kept.status, Status::Succeeded);
@@ -1794,32 +1797,38 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     assert!(matches!(replay, BeginOutcome::Replay(_)), "{replay:?}");
     assert_eq!(calls, ["register"]);
     // A retried report: the lease is forgotten; the row answers it as before.
-    let (retried, calls) = store_calls(journal.complete(&token, "pay_1", result)).await;
+    let (retried, calls) =
+        store_calls(journal.complete(Complete::new(&token, "pay_1", result).unwrap())).await;
     assert_eq!(calls, ["get", "settle", "get"]);
     assert_eq!(retried.unwrap().result_json, kept.result_json);
 
     // Failures and unknown outcomes need no read on the replica that granted the lease.
     let token = lease(begin(journal.clone(), "k2").await);
-    let (failed, calls) = store_calls(journal.fail(&token, "card_declined")).await;
+    let (failed, calls) =
+        store_calls(journal.fail(Fail::new(&token, "card_declined").unwrap())).await;
     assert_eq!(failed.unwrap().status, Status::FailedFinal);
     assert_eq!(calls, ["settle"]);
     let token = lease(begin(journal.clone(), "k3").await);
-    let (unknown, calls) = store_calls(journal.report_unknown(&token, "timeout")).await;
+    let (unknown, calls) =
+        store_calls(journal.report_unknown(ReportUnknown::new(&token, "timeout").unwrap())).await;
     assert_eq!(unknown.unwrap().status, Status::Unknown);
     assert_eq!(calls, ["settle"]);
 
     // On another replica a result is sanitized by the rules read from the row, the same way.
     let token = lease(begin(journal.clone(), "k4").await);
-    let (elsewhere, calls) = store_calls(replica.complete(&token, "pay_1", result)).await;
+    let (elsewhere, calls) =
+        store_calls(replica.complete(Complete::new(&token, "pay_1", result).unwrap())).await;
     assert_eq!(calls, ["get", "settle"]);
     assert_eq!(elsewhere.unwrap().result_json, kept.result_json);
     let token = lease(begin(journal.clone(), "k5").await);
-    let (elsewhere, calls) = store_calls(replica.report_unknown(&token, "")).await;
+    let (elsewhere, calls) =
+        store_calls(replica.report_unknown(ReportUnknown::new(&token, "").unwrap())).await;
     assert_eq!(calls, ["get", "settle"]);
     assert_eq!(elsewhere.unwrap().status, Status::Unknown);
     // Without a result, no rules are needed anywhere.
     let token = lease(begin(journal.clone(), "k6").await);
-    let (elsewhere, calls) = store_calls(replica.complete(&token, "pay_6", "")).await;
+    let (elsewhere, calls) =
+        store_calls(replica.complete(Complete::new(&token, "pay_6", "").unwrap())).await;
     assert_eq!(calls, ["settle"]);
     assert_eq!(elsewhere.unwrap().result_json, None);
     assert_eq!(fx.history("k6").await.len(), 2);
@@ -1829,7 +1838,9 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     let token = lease(begin(journal.clone(), "k7").await);
     let mut other = LeaseToken::parse(&token).unwrap();
     other.operation_key = OperationKey::parse("k7-other").unwrap();
-    let (missing, calls) = store_calls(journal.complete(&other.encode(), "pay_7", result)).await;
+    let (missing, calls) =
+        store_calls(journal.complete(Complete::new(&other.encode(), "pay_7", result).unwrap()))
+            .await;
     assert_eq!(calls, ["get"]);
     let missing = tonic::Status::from(missing.unwrap_err());
     assert_eq!(missing.code(), tonic::Code::NotFound);
@@ -1839,9 +1850,13 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
         .parse_begin("", "k8", "create_payment", r#"{"key":"k8"}"#, 1, [])
         .unwrap();
     let token = lease(journal.begin(command).await.unwrap());
-    journal.renew(&token, 30).await.unwrap();
+    journal
+        .renew(Renew::new(&token, 30).unwrap())
+        .await
+        .unwrap();
     fx.clock.advance(Duration::from_millis(1300));
-    let (renewed, calls) = store_calls(journal.complete(&token, "pay_8", result)).await;
+    let (renewed, calls) =
+        store_calls(journal.complete(Complete::new(&token, "pay_8", result).unwrap())).await;
     assert_eq!(calls, ["settle"]);
     assert_eq!(renewed.unwrap().result_json, kept.result_json);
 }
@@ -1897,7 +1912,10 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
         )
         .await
         .unwrap();
-        let done = reporter.complete(&token, "pay_1", result).await.unwrap();
+        let done = reporter
+            .complete(Complete::new(&token, "pay_1", result).unwrap())
+            .await
+            .unwrap();
         assert_eq!(done.status, Status::Succeeded);
         assert_eq!(done.result_json.as_deref(), Some(result));
         assert_eq!(
@@ -1920,12 +1938,21 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
             ]
         );
         // The same report again is answered from the row; another outcome is refused.
-        let again = reporter.complete(&token, "pay_1", result).await.unwrap();
+        let again = reporter
+            .complete(Complete::new(&token, "pay_1", result).unwrap())
+            .await
+            .unwrap();
         assert_eq!(again.updated_at, done.updated_at);
         for refused in [
-            reporter.fail(&token, "card_declined").await,
-            reporter.report_unknown(&token, "").await,
-            reporter.complete(&token, "pay_2", result).await,
+            reporter
+                .fail(Fail::new(&token, "card_declined").unwrap())
+                .await,
+            reporter
+                .report_unknown(ReportUnknown::new(&token, "").unwrap())
+                .await,
+            reporter
+                .complete(Complete::new(&token, "pay_2", result).unwrap())
+                .await,
         ] {
             assert_eq!(
                 reason(refused.unwrap_err()),
@@ -1957,9 +1984,15 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     let taken_by = token(&taken_by);
     assert_eq!(taken_by.attempt, 2);
     for report in [
-        journal.complete(&first.encode(), "pay_1", result).await,
-        journal.fail(&first.encode(), "card_declined").await,
-        replica.report_unknown(&first.encode(), "").await,
+        journal
+            .complete(Complete::new(&first.encode(), "pay_1", result).unwrap())
+            .await,
+        journal
+            .fail(Fail::new(&first.encode(), "card_declined").unwrap())
+            .await,
+        replica
+            .report_unknown(ReportUnknown::new(&first.encode(), "").unwrap())
+            .await,
     ] {
         assert_eq!(
             reason(report.unwrap_err()),
@@ -1973,10 +2006,18 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     };
     let too_deep = format!("{}1{}", "[".repeat(100), "]".repeat(100));
     for report in [
-        journal.complete(&missing.encode(), "pay_1", result).await,
-        journal.complete(&missing.encode(), "", "").await,
-        journal.fail(&missing.encode(), "card_declined").await,
-        journal.report_unknown(&missing.encode(), "").await,
+        journal
+            .complete(Complete::new(&missing.encode(), "pay_1", result).unwrap())
+            .await,
+        journal
+            .complete(Complete::new(&missing.encode(), "", "").unwrap())
+            .await,
+        journal
+            .fail(Fail::new(&missing.encode(), "card_declined").unwrap())
+            .await,
+        journal
+            .report_unknown(ReportUnknown::new(&missing.encode(), "").unwrap())
+            .await,
     ] {
         assert_eq!(
             reason(report.unwrap_err()),
@@ -1986,7 +2027,7 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     assert_eq!(
         reason(
             journal
-                .complete(&missing.encode(), "", &too_deep)
+                .complete(Complete::new(&missing.encode(), "", &too_deep).unwrap())
                 .await
                 .unwrap_err()
         )
