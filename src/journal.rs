@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::domain::canonical::{self, Limits, RequestHash};
 use crate::domain::derived_key::KeyDeriver;
 use crate::domain::error::{FieldViolation, JournalError};
-use crate::domain::lease::{self, AsLeaseToken, AttemptId, BeginVerdict, LeaseToken};
+use crate::domain::lease::{self, AttemptId, BeginVerdict, LeaseToken};
 use crate::domain::model::{
     ActionType, ErrorCode, ExternalId, Namespace, OperationKey, OperationRecord, Status,
 };
@@ -26,12 +26,18 @@ use crate::domain::policy::{
 };
 use crate::domain::sensitive;
 use crate::store::{
-    Claim, JournalStore, ListQuery, NewOperation, Registration, SameRequest, SearchQuery,
+    Claim, Clock, JournalStore, ListQuery, NewOperation, Registration, SameRequest, SearchQuery,
     Settlement, StoreError,
 };
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 use opjournal_client::ErrorReason;
+
+mod command;
+
+pub use command::{
+    Complete, DeriveKey, Fail, ListOperations, OperationRef, Page, Renew, ReportUnknown,
+};
 
 /// A store failure as the use cases answer it: unavailable (retryable) or internal.
 impl From<StoreError> for JournalError {
@@ -200,13 +206,13 @@ impl Journal {
     /// need not read the row first.
     pub fn new(store: Arc<dyn JournalStore>, policy: Arc<Policy>, limits: RequestLimits) -> Self {
         Self {
-            store,
             policy,
             limits,
             counters: Arc::default(),
             key_deriver: None,
             metrics: Metrics::disabled(),
-            leases: LeaseRules::new(LEASE_RULES_ENTRIES),
+            leases: LeaseRules::new(LEASE_RULES_ENTRIES, store.clock().clone()),
+            store,
         }
     }
 
@@ -519,31 +525,20 @@ impl Journal {
 
     /// Records a confirmed success: -> `succeeded` (article, step 6).
     ///
-    /// `result_json` is any JSON value as text (empty = no result body); it is sanitized by
+    /// The command's `result_json` is any JSON value as text (empty = no result body); it is
+    /// parsed within the request limits (`INVALID_RESULT`), then sanitized by
     /// the action's result rules (deny-list, `result.keep`, `result.max_bytes`; see
     /// [`crate::domain::result`]) and stored in its RFC 8785 canonical form. Errors:
     /// `ABORTED`/`LEASE_LOST`, `FAILED_PRECONDITION`/`OUTCOME_ALREADY_RECORDED`,
     /// `NOT_FOUND`/`OPERATION_NOT_FOUND`, `INVALID_ARGUMENT` (`RESULT_TOO_LARGE` when the
     /// sanitized result is over `result.max_bytes`).
-    pub async fn complete(
-        &self,
-        lease_token: &(impl AsLeaseToken + ?Sized),
-        external_id: &str,
-        result_json: &str,
-    ) -> Result<OperationRecord, JournalError> {
-        let token = lease_token.as_lease_token()?;
-        let external_id = ExternalId::parse_optional(external_id)?;
-        let value = if result_json.is_empty() {
-            None
-        } else {
-            let limits = Limits {
-                max_bytes: self.limits.max_result_bytes,
-                max_depth: self.limits.max_json_depth,
-            };
-            Some(canonical::parse_strict(result_json, &limits).map_err(|e| {
-                JournalError::invalid_json("result_json", ErrorReason::InvalidResult, &e)
-            })?)
-        };
+    pub async fn complete(&self, command: Complete) -> Result<OperationRecord, JournalError> {
+        let Complete {
+            token,
+            external_id,
+            result_json,
+        } = command;
+        let value = self.limits.result("result_json", &result_json)?;
         let (result_json, before) = match value {
             None => (None, None),
             Some(value) => {
@@ -613,18 +608,8 @@ impl Journal {
     /// Records a definitive rejection that proves no effect: -> `failed_final`.
     ///
     /// Errors: as [`Journal::complete`]; `error_code` is required.
-    pub async fn fail(
-        &self,
-        lease_token: &(impl AsLeaseToken + ?Sized),
-        error_code: &str,
-    ) -> Result<OperationRecord, JournalError> {
-        let token = lease_token.as_lease_token()?;
-        let error_code = ErrorCode::parse_optional(error_code)?.ok_or_else(|| {
-            JournalError::invalid(
-                ErrorReason::InvalidFieldLength,
-                FieldViolation::new("error_code", "is required for a definitive failure"),
-            )
-        })?;
+    pub async fn fail(&self, command: Fail) -> Result<OperationRecord, JournalError> {
+        let Fail { token, error_code } = command;
         self.settle(&token, None, Settlement::FailedFinal { error_code })
             .await
     }
@@ -635,12 +620,10 @@ impl Journal {
     /// Errors: as [`Journal::complete`].
     pub async fn report_unknown(
         &self,
-        lease_token: &(impl AsLeaseToken + ?Sized),
-        error_code: &str,
+        command: ReportUnknown,
     ) -> Result<OperationRecord, JournalError> {
-        let token = lease_token.as_lease_token()?;
-        let error_code = ErrorCode::parse_optional(error_code)?
-            .or_else(|| Some(ErrorCode::internal("unknown_outcome")));
+        let token = command.token;
+        let error_code = (command.error_code).or(Some(ErrorCode::internal("unknown_outcome")));
         let rules = self.report_rules(&token).await?;
         // An action without a lookup goes to review at once; others wait for the first check.
         let first_check_after = self
@@ -720,12 +703,11 @@ impl Journal {
     ///
     /// Errors: `ABORTED`/`LEASE_LOST` when the lease ended or was taken over;
     /// `NOT_FOUND`/`OPERATION_NOT_FOUND`; `INVALID_ARGUMENT`/`INVALID_LEASE_TOKEN`.
-    pub async fn renew(
-        &self,
-        lease_token: &(impl AsLeaseToken + ?Sized),
-        lease_seconds: i32,
-    ) -> Result<OperationRecord, JournalError> {
-        let token = lease_token.as_lease_token()?;
+    pub async fn renew(&self, command: Renew) -> Result<OperationRecord, JournalError> {
+        let Renew {
+            token,
+            lease_seconds,
+        } = command;
         let lease = lease::renewal_duration(lease_seconds, self.policy.defaults.max_lease_seconds);
         if let Some(record) = self.store.renew(&token, lease).await? {
             self.leases.extend(&token, &record);
@@ -748,36 +730,27 @@ impl Journal {
     /// server secret. Nothing is stored; the intent reference is neither kept nor logged.
     ///
     /// Errors: `FAILED_PRECONDITION`/`KEY_DERIVATION_DISABLED` without a configured secret;
-    /// `INVALID_ARGUMENT` for a malformed namespace or action type, or an empty or too long
-    /// intent reference; `INVALID_ARGUMENT`/`ACTION_TYPE_NOT_CONFIGURED`.
-    pub fn derive_key(
-        &self,
-        namespace: &str,
-        action_type: &str,
-        intent_reference: &str,
-    ) -> Result<OperationKey, JournalError> {
+    /// `INVALID_ARGUMENT`/`ACTION_TYPE_NOT_CONFIGURED`; `INVALID_ARGUMENT` for an empty or
+    /// too long intent reference.
+    pub fn derive_key(&self, command: &DeriveKey) -> Result<OperationKey, JournalError> {
         let deriver = self
             .key_deriver
             .as_ref()
             .ok_or(JournalError::KeyDerivationDisabled)?;
-        let namespace = Namespace::parse(namespace)?;
-        let action_type = ActionType::parse(action_type)?;
-        if self.policy.action(&action_type).is_none() {
+        if self.policy.action(&command.action_type).is_none() {
             return Err(JournalError::ActionTypeNotConfigured);
         }
-        deriver.derive(&namespace, &action_type, intent_reference)
+        deriver.derive(
+            &command.namespace,
+            &command.action_type,
+            &command.intent_reference,
+        )
     }
 
-    /// Reads one operation. Errors: `NOT_FOUND`/`OPERATION_NOT_FOUND`, `INVALID_ARGUMENT`.
-    pub async fn get(
-        &self,
-        namespace: &str,
-        operation_key: &str,
-    ) -> Result<OperationRecord, JournalError> {
-        let namespace = Namespace::parse(namespace)?;
-        let key = OperationKey::parse(operation_key)?;
+    /// Reads one operation. Errors: `NOT_FOUND`/`OPERATION_NOT_FOUND`.
+    pub async fn get(&self, operation: &OperationRef) -> Result<OperationRecord, JournalError> {
         self.store
-            .get(&namespace, &key)
+            .get(&operation.namespace, &operation.operation_key)
             .await?
             .ok_or(JournalError::NotFound)
     }
@@ -829,34 +802,31 @@ impl Journal {
     }
 
     /// Lists operations newest first; returns the page and the next page token (empty at the
-    /// end). `page_size` 0 means 50; the largest page is `max_page_size` (500 by default).
+    /// end). Page size 0 means 50; the largest page is `max_page_size` (500 by default).
     ///
-    /// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN` for a token from other filters.
+    /// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN` for a token from other filters,
+    /// `INVALID_PAGE_SIZE` for a negative size.
     pub async fn list(
         &self,
-        namespace: &str,
-        status: Option<Status>,
-        action_type: &str,
-        page_size: i32,
-        page_token: &str,
+        command: ListOperations,
     ) -> Result<(Vec<OperationRecord>, String), JournalError> {
-        let namespace = Namespace::parse(namespace)?;
-        let action_type = if action_type.is_empty() {
-            None
-        } else {
-            Some(ActionType::parse(action_type)?)
-        };
-        let limit = self.limits.page_limit(page_size)?;
+        let ListOperations {
+            namespace,
+            status,
+            action_type,
+            page,
+        } = command;
+        let limit = self.limits.page_limit(page.size)?;
         let filters = format!(
             "{}|{}|{}",
             namespace,
             status.map(Status::as_str).unwrap_or(""),
             action_type.as_ref().map(ActionType::as_str).unwrap_or("")
         );
-        let after = if page_token.is_empty() {
+        let after = if page.token.is_empty() {
             None
         } else {
-            Some(PageToken::decode(page_token, &filters)?)
+            Some(PageToken::decode(&page.token, &filters)?)
         };
         let mut rows = self
             .store
@@ -883,6 +853,28 @@ impl Journal {
 }
 
 impl RequestLimits {
+    /// A result as a caller gives it in `field` ("" = none), parsed as strict I-JSON within
+    /// `max_result_bytes` and `max_json_depth`.
+    ///
+    /// Errors: `INVALID_ARGUMENT`/`INVALID_RESULT`, naming the JSON Pointer of the offending
+    /// place.
+    pub(crate) fn result(
+        &self,
+        field: &'static str,
+        text: &str,
+    ) -> Result<Option<serde_json::Value>, JournalError> {
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let limits = Limits {
+            max_bytes: self.max_result_bytes,
+            max_depth: self.max_json_depth,
+        };
+        let value = canonical::parse_strict(text, &limits)
+            .map_err(|e| JournalError::invalid_json(field, ErrorReason::InvalidResult, &e))?;
+        Ok(Some(value))
+    }
+
     /// A page size of an operations list: 0 means [`DEFAULT_PAGE_SIZE`] (at most
     /// `max_page_size`), larger than `max_page_size` means `max_page_size`.
     ///
@@ -954,6 +946,8 @@ struct LeaseRule {
     recorded: Option<ActionPolicy>,
     /// Time left on the lease when it was granted or last renewed.
     lives_for: Duration,
+    /// When the lease ends, by the store's clock as this process reads it.
+    ends: DateTime<Utc>,
 }
 
 /// The rules of the leases this journal granted, by lease id, so that Complete and
@@ -962,9 +956,15 @@ struct LeaseRule {
 /// (renewals move the end), whichever comes first. A missing entry (granted by another
 /// replica or before a restart, evicted, or past its lease) only means the row is read, as
 /// it always was.
+///
+/// The end of a lease is measured as the database measured its length, and an entry is
+/// answered only before it by the store's [`Clock`]: real time in production, moved forward
+/// by tests (which then need not sleep for an entry to end). The cache also drops each entry
+/// at that end by real time, to bound its memory.
 #[derive(Clone)]
 struct LeaseRules {
     entries: moka::sync::Cache<Uuid, Arc<LeaseRule>>,
+    clock: Clock,
 }
 
 /// Expires an entry when its lease ends.
@@ -992,13 +992,19 @@ impl moka::Expiry<Uuid, Arc<LeaseRule>> for AtLeaseEnd {
 }
 
 impl LeaseRules {
-    fn new(max_entries: u64) -> Self {
+    fn new(max_entries: u64, clock: Clock) -> Self {
         Self {
             entries: moka::sync::Cache::builder()
                 .max_capacity(max_entries)
                 .expire_after(AtLeaseEnd)
                 .build(),
+            clock,
         }
+    }
+
+    /// Now, by the store's clock.
+    fn now(&self) -> DateTime<Utc> {
+        self.clock.now().unwrap_or_else(Utc::now)
     }
 
     /// Keeps the rules of the lease `token` just granted on `record`; `file` is the policy
@@ -1019,15 +1025,16 @@ impl LeaseRules {
                 action_type: record.action_type.clone(),
                 recorded,
                 lives_for,
+                ends: self.now() + lives_for,
             }),
         );
     }
 
-    /// The rules kept for `token`'s lease, if any.
+    /// The rules kept for `token`'s lease, if any and the lease has not ended.
     fn recall(&self, token: &LeaseToken) -> Option<Arc<LeaseRule>> {
         self.entries
             .get(&token.lease_id)
-            .filter(|rule| rule.token == *token)
+            .filter(|rule| rule.token == *token && self.now() < rule.ends)
     }
 
     /// Moves the end of a kept lease to the renewed `record`'s.
@@ -1042,6 +1049,7 @@ impl LeaseRules {
                 action_type: rule.action_type.clone(),
                 recorded: rule.recorded.clone(),
                 lives_for,
+                ends: self.now() + lives_for,
             }),
         );
     }

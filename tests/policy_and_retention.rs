@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use common::*;
 use opjournal::domain::policy::Policy;
-use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
+use opjournal::journal::{BeginOutcome, Journal, ReportUnknown, RequestLimits};
 use opjournal::proto::{BeginOperationRequest, Decision, OperationStatus};
 use opjournal::store::{JournalStore, PgStore};
 use sqlx::PgPool;
@@ -86,7 +86,7 @@ async fn a_recorded_operation_keeps_the_rules_it_was_registered_under(pool: PgPo
         panic!("expected EXECUTE");
     };
     before
-        .report_unknown(&token.encode(), "timeout")
+        .report_unknown(ReportUnknown::new(&token.encode(), "timeout").unwrap())
         .await
         .unwrap();
 
@@ -108,7 +108,7 @@ async fn a_recorded_operation_keeps_the_rules_it_was_registered_under(pool: PgPo
         panic!("expected EXECUTE");
     };
     after
-        .report_unknown(&token.encode(), "timeout")
+        .report_unknown(ReportUnknown::new(&token.encode(), "timeout").unwrap())
         .await
         .unwrap();
     assert!(matches!(

@@ -488,7 +488,7 @@ async fn an_operation_unknown_past_its_deadline_is_escalated_and_lookups_stop(po
     assert_eq!(op.review_reason, "unresolved_after_deadline");
     assert!(op.next_check_at.is_none());
     let lookups = app.counts(PAYMENT_KEY).lookups;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    app.clock.advance(Duration::from_millis(1200));
     for _ in 0..3 {
         assert_eq!(worker.tick().await.unwrap().looked_up, 0);
     }

@@ -234,7 +234,7 @@ async fn a_stale_holder_gets_a_typed_lease_lost(pool: PgPool) {
     let Begun::Execute { lease: stale, .. } = client.begin(&intent).await.unwrap() else {
         panic!("expected execute");
     };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    app.clock.advance(Duration::from_millis(1500));
     // The provider deduplicates by key, so the action may be claimed again: attempt 2.
     let Begun::Execute { operation, .. } = client.begin(&intent).await.unwrap() else {
         panic!("expected a second lease");

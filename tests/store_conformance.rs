@@ -24,7 +24,9 @@ use opjournal::domain::model::{
     OperationRecord, Status,
 };
 use opjournal::domain::policy::Policy;
-use opjournal::journal::{BeginOutcome, Journal, RequestLimits};
+use opjournal::journal::{
+    BeginOutcome, Complete, Fail, Journal, Renew, ReportUnknown, RequestLimits,
+};
 use opjournal::store::{
     Claim, Clock, DeliveryOutcome, DeliveryState, HistoryQuery, JournalMaintenance, JournalStore,
     ListQuery, Lookup, NewOperation, OutboxEntry, Registration, Resolution, ReviewQuery,
@@ -1786,7 +1788,8 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
         "{again:?}"
     );
     assert_eq!(calls, ["register"]);
-    let (kept, calls) = store_calls(journal.complete(&token, "pay_1", result)).await;
+    let (kept, calls) =
+        store_calls(journal.complete(Complete::new(&token, "pay_1", result).unwrap())).await;
     assert_eq!(calls, ["settle"]);
     let kept = kept.unwrap();
     assert_eq!(kept.status, Status::Succeeded);
@@ -1794,32 +1797,38 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     assert!(matches!(replay, BeginOutcome::Replay(_)), "{replay:?}");
     assert_eq!(calls, ["register"]);
     // A retried report: the lease is forgotten; the row answers it as before.
-    let (retried, calls) = store_calls(journal.complete(&token, "pay_1", result)).await;
+    let (retried, calls) =
+        store_calls(journal.complete(Complete::new(&token, "pay_1", result).unwrap())).await;
     assert_eq!(calls, ["get", "settle", "get"]);
     assert_eq!(retried.unwrap().result_json, kept.result_json);
 
     // Failures and unknown outcomes need no read on the replica that granted the lease.
     let token = lease(begin(journal.clone(), "k2").await);
-    let (failed, calls) = store_calls(journal.fail(&token, "card_declined")).await;
+    let (failed, calls) =
+        store_calls(journal.fail(Fail::new(&token, "card_declined").unwrap())).await;
     assert_eq!(failed.unwrap().status, Status::FailedFinal);
     assert_eq!(calls, ["settle"]);
     let token = lease(begin(journal.clone(), "k3").await);
-    let (unknown, calls) = store_calls(journal.report_unknown(&token, "timeout")).await;
+    let (unknown, calls) =
+        store_calls(journal.report_unknown(ReportUnknown::new(&token, "timeout").unwrap())).await;
     assert_eq!(unknown.unwrap().status, Status::Unknown);
     assert_eq!(calls, ["settle"]);
 
     // On another replica a result is sanitized by the rules read from the row, the same way.
     let token = lease(begin(journal.clone(), "k4").await);
-    let (elsewhere, calls) = store_calls(replica.complete(&token, "pay_1", result)).await;
+    let (elsewhere, calls) =
+        store_calls(replica.complete(Complete::new(&token, "pay_1", result).unwrap())).await;
     assert_eq!(calls, ["get", "settle"]);
     assert_eq!(elsewhere.unwrap().result_json, kept.result_json);
     let token = lease(begin(journal.clone(), "k5").await);
-    let (elsewhere, calls) = store_calls(replica.report_unknown(&token, "")).await;
+    let (elsewhere, calls) =
+        store_calls(replica.report_unknown(ReportUnknown::new(&token, "").unwrap())).await;
     assert_eq!(calls, ["get", "settle"]);
     assert_eq!(elsewhere.unwrap().status, Status::Unknown);
     // Without a result, no rules are needed anywhere.
     let token = lease(begin(journal.clone(), "k6").await);
-    let (elsewhere, calls) = store_calls(replica.complete(&token, "pay_6", "")).await;
+    let (elsewhere, calls) =
+        store_calls(replica.complete(Complete::new(&token, "pay_6", "").unwrap())).await;
     assert_eq!(calls, ["settle"]);
     assert_eq!(elsewhere.unwrap().result_json, None);
     assert_eq!(fx.history("k6").await.len(), 2);
@@ -1829,7 +1838,9 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     let token = lease(begin(journal.clone(), "k7").await);
     let mut other = LeaseToken::parse(&token).unwrap();
     other.operation_key = OperationKey::parse("k7-other").unwrap();
-    let (missing, calls) = store_calls(journal.complete(&other.encode(), "pay_7", result)).await;
+    let (missing, calls) =
+        store_calls(journal.complete(Complete::new(&other.encode(), "pay_7", result).unwrap()))
+            .await;
     assert_eq!(calls, ["get"]);
     let missing = tonic::Status::from(missing.unwrap_err());
     assert_eq!(missing.code(), tonic::Code::NotFound);
@@ -1839,9 +1850,13 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
         .parse_begin("", "k8", "create_payment", r#"{"key":"k8"}"#, 1, [])
         .unwrap();
     let token = lease(journal.begin(command).await.unwrap());
-    journal.renew(&token, 30).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1300)).await;
-    let (renewed, calls) = store_calls(journal.complete(&token, "pay_8", result)).await;
+    journal
+        .renew(Renew::new(&token, 30).unwrap())
+        .await
+        .unwrap();
+    fx.clock.advance(Duration::from_millis(1300));
+    let (renewed, calls) =
+        store_calls(journal.complete(Complete::new(&token, "pay_8", result).unwrap())).await;
     assert_eq!(calls, ["settle"]);
     assert_eq!(renewed.unwrap().result_json, kept.result_json);
 }
@@ -1897,7 +1912,10 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
         )
         .await
         .unwrap();
-        let done = reporter.complete(&token, "pay_1", result).await.unwrap();
+        let done = reporter
+            .complete(Complete::new(&token, "pay_1", result).unwrap())
+            .await
+            .unwrap();
         assert_eq!(done.status, Status::Succeeded);
         assert_eq!(done.result_json.as_deref(), Some(result));
         assert_eq!(
@@ -1920,12 +1938,21 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
             ]
         );
         // The same report again is answered from the row; another outcome is refused.
-        let again = reporter.complete(&token, "pay_1", result).await.unwrap();
+        let again = reporter
+            .complete(Complete::new(&token, "pay_1", result).unwrap())
+            .await
+            .unwrap();
         assert_eq!(again.updated_at, done.updated_at);
         for refused in [
-            reporter.fail(&token, "card_declined").await,
-            reporter.report_unknown(&token, "").await,
-            reporter.complete(&token, "pay_2", result).await,
+            reporter
+                .fail(Fail::new(&token, "card_declined").unwrap())
+                .await,
+            reporter
+                .report_unknown(ReportUnknown::new(&token, "").unwrap())
+                .await,
+            reporter
+                .complete(Complete::new(&token, "pay_2", result).unwrap())
+                .await,
         ] {
             assert_eq!(
                 reason(refused.unwrap_err()),
@@ -1939,7 +1966,7 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     }
     // A lease taken over after it ended is lost to its first holder, kept or not.
     let first = begin(journal.clone(), "taken", 1).await;
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    fx.clock.advance(Duration::from_millis(1300));
     let taken_by = fx
         .store
         .claim(&Claim {
@@ -1957,9 +1984,15 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     let taken_by = token(&taken_by);
     assert_eq!(taken_by.attempt, 2);
     for report in [
-        journal.complete(&first.encode(), "pay_1", result).await,
-        journal.fail(&first.encode(), "card_declined").await,
-        replica.report_unknown(&first.encode(), "").await,
+        journal
+            .complete(Complete::new(&first.encode(), "pay_1", result).unwrap())
+            .await,
+        journal
+            .fail(Fail::new(&first.encode(), "card_declined").unwrap())
+            .await,
+        replica
+            .report_unknown(ReportUnknown::new(&first.encode(), "").unwrap())
+            .await,
     ] {
         assert_eq!(
             reason(report.unwrap_err()),
@@ -1973,10 +2006,18 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     };
     let too_deep = format!("{}1{}", "[".repeat(100), "]".repeat(100));
     for report in [
-        journal.complete(&missing.encode(), "pay_1", result).await,
-        journal.complete(&missing.encode(), "", "").await,
-        journal.fail(&missing.encode(), "card_declined").await,
-        journal.report_unknown(&missing.encode(), "").await,
+        journal
+            .complete(Complete::new(&missing.encode(), "pay_1", result).unwrap())
+            .await,
+        journal
+            .complete(Complete::new(&missing.encode(), "", "").unwrap())
+            .await,
+        journal
+            .fail(Fail::new(&missing.encode(), "card_declined").unwrap())
+            .await,
+        journal
+            .report_unknown(ReportUnknown::new(&missing.encode(), "").unwrap())
+            .await,
     ] {
         assert_eq!(
             reason(report.unwrap_err()),
@@ -1986,7 +2027,7 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     assert_eq!(
         reason(
             journal
-                .complete(&missing.encode(), "", &too_deep)
+                .complete(Complete::new(&missing.encode(), "", &too_deep).unwrap())
                 .await
                 .unwrap_err()
         )
@@ -2682,7 +2723,6 @@ async fn the_backlog_statement_uses_only_partial_indexes_on_postgres(pool: PgPoo
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN {}",
         opjournal::store::PgStore::new(pool.clone())
-            .statements()
             .explained()
             .into_iter()
             .find_map(|(name, sql)| (name == "backlog_stats").then(|| sql.to_owned()))
@@ -2695,6 +2735,23 @@ async fn the_backlog_statement_uses_only_partial_indexes_on_postgres(pool: PgPoo
     assert!(!plan.contains("Seq Scan"), "{plan}");
     assert!(plan.contains("agent_operations_unknown_since"), "{plan}");
     assert!(plan.contains("agent_operations_review_queue"), "{plan}");
+}
+
+/// Returns once a statement on this test's database waits for a lock that another
+/// transaction holds (Postgres reports it in `pg_stat_activity`).
+async fn a_statement_waits_for_a_lock(pool: &PgPool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+    {
+        assert!(std::time::Instant::now() < deadline, "no statement waits");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// A report racing a change of its row on Postgres: the change committed after the report's
@@ -2721,7 +2778,7 @@ async fn a_report_racing_a_change_of_its_row_sees_the_change_on_postgres(pool: P
     let store = fx.store.clone();
     let token_swept = token(&swept);
     let report = tokio::spawn(async move { store.settle(&token_swept, &declined()).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    a_statement_waits_for_a_lock(&pool).await;
     assert!(!report.is_finished(), "the report waits for the sweep");
     sweep.commit().await.unwrap();
     let Settled { record, previous } = report.await.unwrap().unwrap().unwrap();
@@ -2754,7 +2811,7 @@ async fn a_report_racing_a_change_of_its_row_sees_the_change_on_postgres(pool: P
     let store = fx.store.clone();
     let token_taken = token(&taken);
     let report = tokio::spawn(async move { store.settle(&token_taken, &succeeded("pay_1")).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    a_statement_waits_for_a_lock(&pool).await;
     assert!(!report.is_finished(), "the report waits for the takeover");
     takeover.commit().await.unwrap();
     assert!(report.await.unwrap().unwrap().is_none());
@@ -2782,7 +2839,7 @@ async fn a_registration_racing_another_answers_raced_on_postgres(pool: PgPool) {
     let store = fx.store.clone();
     let registration =
         tokio::spawn(async move { store.register(&new_operation("k", LEASE)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    a_statement_waits_for_a_lock(&pool).await;
     assert!(
         !registration.is_finished(),
         "the registration waits for the other"
@@ -2809,25 +2866,27 @@ async fn a_new_journal_is_analyzed_once_it_holds_operations_on_postgres(pool: Pg
         .await
         .unwrap();
     }
-    let store = opjournal::store::postgres::PgStore::new(pool.clone());
+    // One connection: every change below is that one backend's to report.
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let store = opjournal::store::postgres::PgStore::new(one.clone());
     assert_eq!(store.analyze_new_tables(200).await.unwrap(), Some(0));
 
     for i in 0..300 {
         let new = new_operation(&format!("analyze-{i}"), HOLD);
         assert!(inserted(store.register(&new).await.unwrap()).is_some());
     }
-    // Backends report their changes to the statistics within seconds.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut analyzed = 0;
-    while let Some(tables) = store.analyze_new_tables(200).await.unwrap() {
-        analyzed += tables;
-        assert!(
-            std::time::Instant::now() < deadline,
-            "analyzed {analyzed} of 2"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(analyzed, 2);
+    // A backend reports its changes to the statistics at most once a second, when idle;
+    // this makes it report them as soon as this statement ends.
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&one)
+        .await
+        .unwrap();
+    assert_eq!(store.analyze_new_tables(200).await.unwrap(), Some(2));
+    assert_eq!(store.analyze_new_tables(200).await.unwrap(), None);
 
     let mut conn = pool.acquire().await.unwrap();
     sqlx::query("SET plan_cache_mode = force_generic_plan")
@@ -2868,7 +2927,6 @@ async fn the_queue_counts_never_read_terminal_rows_on_postgres(pool: PgPool) {
         .await
         .unwrap();
     let sql = opjournal::store::PgStore::new(pool.clone())
-        .statements()
         .explained()
         .into_iter()
         .find_map(|(name, sql)| (name == "queue_stats").then(|| sql.to_owned()))

@@ -3,8 +3,8 @@
 //! [`Authenticator`] is a tonic interceptor in front of `OperationJournal` and `Reconciler`
 //! (health and reflection stay open): it turns the `authorization: Bearer <token>` header
 //! into a [`Caller`] in the request's extensions, or refuses the call with
-//! `UNAUTHENTICATED`. Each handler then checks its RPC and the namespace it touches with
-//! [`caller`] and [`check_namespace`] / [`check_lease_namespace`]. With no tokens configured
+//! `UNAUTHENTICATED`. Each handler then checks its RPC with [`caller`], and the namespace its
+//! request touches, once converted, with [`check_namespace`]. With no tokens configured
 //! every call passes as [`Caller::Anyone`]. Tokens are never logged.
 
 use std::fmt;
@@ -16,7 +16,6 @@ use tonic::{Request, Status};
 
 use crate::domain::access::{AccessError, Caller, Rpc, TokenRegistry};
 use crate::domain::error::JournalError;
-use crate::domain::lease::LeaseToken;
 use crate::domain::model::Namespace;
 
 const AUTHORIZATION: &str = "authorization";
@@ -131,34 +130,14 @@ pub fn caller<T>(request: &Request<T>, rpc: Rpc) -> Result<Caller, Status> {
     Ok(caller)
 }
 
-/// Checks that `caller` may touch the request's `namespace` field (empty means `default`).
+/// Checks that `caller` may touch `namespace`: the request's, or for a lease holder's call,
+/// the one inside its lease token (never any the request claims besides).
 ///
-/// Errors: `INVALID_ARGUMENT` for a malformed namespace; `PERMISSION_DENIED`/
-/// `NAMESPACE_NOT_ALLOWED`.
-pub fn check_namespace(caller: &Caller, namespace: &str) -> Result<(), Status> {
-    if let Caller::Anyone = caller {
-        return Ok(());
-    }
-    let namespace = Namespace::parse(namespace)?;
+/// Errors: `PERMISSION_DENIED`/`NAMESPACE_NOT_ALLOWED`.
+pub fn check_namespace(caller: &Caller, namespace: &Namespace) -> Result<(), Status> {
     caller
-        .authorize_namespace(&namespace)
+        .authorize_namespace(namespace)
         .map_err(|error| refused(caller, error))
-}
-
-/// Parses a request's lease token, once per request, and checks that `caller` may touch the
-/// operation it names: the namespace inside the token counts, not any the request claims.
-///
-/// Errors: `INVALID_ARGUMENT`/`INVALID_LEASE_TOKEN`; `PERMISSION_DENIED`/
-/// `NAMESPACE_NOT_ALLOWED`.
-pub fn check_lease_namespace(caller: &Caller, lease_token: &str) -> Result<LeaseToken, Status> {
-    let token = LeaseToken::parse(lease_token)?;
-    if let Caller::Anyone = caller {
-        return Ok(token);
-    }
-    caller
-        .authorize_namespace(&token.namespace)
-        .map_err(|error| refused(caller, error))?;
-    Ok(token)
 }
 
 /// Logs a refusal (the principal's name, never its token) and turns it into a status.

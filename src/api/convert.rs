@@ -1,13 +1,25 @@
-//! Domain records -> protobuf messages.
+//! Protobuf requests -> the use cases' commands (one `TryFrom` per request, every field
+//! parsed here, once), and domain records -> protobuf messages.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::model::{ActorKind, OperationEvent, OperationRecord, Status};
-use crate::journal::BeginRequest;
+use crate::domain::error::{FieldViolation, JournalError};
+use crate::domain::model::{
+    ActionType, ActorKind, Attribution, ExternalId, Namespace, OperationEvent, OperationRecord,
+    Status,
+};
+use crate::journal::{
+    BeginRequest, Complete, DeriveKey, Fail, ListOperations, OperationRef, Page, Renew,
+    ReportUnknown,
+};
 use crate::proto;
-use crate::reconcile::{Observation, ReconcileAction};
+use crate::proto::resolve_operation_request::Resolution as ProtoResolution;
+use crate::reconcile::{
+    History, Observation, ReconcileAction, Resolve, ReviewDecision, ReviewFilter, ReviewQueue,
+};
+use opjournal_client::ErrorReason;
 
 /// A protobuf timestamp from a database time.
 pub fn timestamp(time: DateTime<Utc>) -> prost_types::Timestamp {
@@ -143,5 +155,246 @@ impl From<proto::BeginOperationRequest> for BeginRequest {
             attempt_id: r.attempt_id,
             trace_context: None,
         }
+    }
+}
+
+impl TryFrom<proto::CompleteOperationRequest> for Complete {
+    type Error = JournalError;
+
+    fn try_from(r: proto::CompleteOperationRequest) -> Result<Self, JournalError> {
+        Complete::new(r.lease_token.as_str(), &r.external_id, r.result_json)
+    }
+}
+
+impl TryFrom<proto::FailOperationRequest> for Fail {
+    type Error = JournalError;
+
+    fn try_from(r: proto::FailOperationRequest) -> Result<Self, JournalError> {
+        Fail::new(r.lease_token.as_str(), &r.error_code)
+    }
+}
+
+impl TryFrom<proto::ReportUnknownOutcomeRequest> for ReportUnknown {
+    type Error = JournalError;
+
+    fn try_from(r: proto::ReportUnknownOutcomeRequest) -> Result<Self, JournalError> {
+        ReportUnknown::new(r.lease_token.as_str(), &r.error_code)
+    }
+}
+
+impl TryFrom<proto::RenewLeaseRequest> for Renew {
+    type Error = JournalError;
+
+    fn try_from(r: proto::RenewLeaseRequest) -> Result<Self, JournalError> {
+        Renew::new(r.lease_token.as_str(), r.lease_seconds)
+    }
+}
+
+impl TryFrom<proto::GetOperationRequest> for OperationRef {
+    type Error = JournalError;
+
+    fn try_from(r: proto::GetOperationRequest) -> Result<Self, JournalError> {
+        OperationRef::new(&r.namespace, &r.operation_key)
+    }
+}
+
+impl TryFrom<proto::DeriveOperationKeyRequest> for DeriveKey {
+    type Error = JournalError;
+
+    fn try_from(r: proto::DeriveOperationKeyRequest) -> Result<Self, JournalError> {
+        Ok(DeriveKey {
+            namespace: Namespace::parse(&r.namespace)?,
+            action_type: ActionType::parse(&r.action_type)?,
+            intent_reference: r.intent_reference,
+        })
+    }
+}
+
+impl TryFrom<proto::ListOperationsRequest> for ListOperations {
+    type Error = JournalError;
+
+    fn try_from(r: proto::ListOperationsRequest) -> Result<Self, JournalError> {
+        let namespace = Namespace::parse(&r.namespace)?;
+        let status = proto::OperationStatus::try_from(r.status).map_err(|_| {
+            JournalError::invalid(
+                ErrorReason::InvalidStatusFilter,
+                FieldViolation::new("status", "is not an OperationStatus value"),
+            )
+        })?;
+        let action_type = match r.action_type.as_str() {
+            "" => None,
+            action_type => Some(ActionType::parse(action_type)?),
+        };
+        Ok(ListOperations {
+            namespace,
+            status: status_from_proto(status),
+            action_type,
+            page: Page {
+                size: r.page_size,
+                token: r.page_token,
+            },
+        })
+    }
+}
+
+impl TryFrom<proto::ReconcileOperationRequest> for OperationRef {
+    type Error = JournalError;
+
+    fn try_from(r: proto::ReconcileOperationRequest) -> Result<Self, JournalError> {
+        OperationRef::new(&r.namespace, &r.operation_key)
+    }
+}
+
+impl TryFrom<proto::ListOperationsForReviewRequest> for ReviewQueue {
+    type Error = JournalError;
+
+    fn try_from(r: proto::ListOperationsForReviewRequest) -> Result<Self, JournalError> {
+        Ok(ReviewQueue {
+            namespace: Namespace::parse(&r.namespace)?,
+            filter: ReviewFilter::default(),
+            page: Page {
+                size: r.page_size,
+                token: r.page_token,
+            },
+        })
+    }
+}
+
+/// The reviewer is the request's `reviewer` as given: with authentication on, the transport
+/// first puts the caller's name there (`Caller::reviewer`).
+impl TryFrom<proto::ResolveOperationRequest> for Resolve {
+    type Error = JournalError;
+
+    fn try_from(r: proto::ResolveOperationRequest) -> Result<Self, JournalError> {
+        let operation = OperationRef::new(&r.namespace, &r.operation_key)?;
+        let attribution = Attribution::reviewer(&r.reviewer, &r.reason)?;
+        let decision = match r.resolution {
+            Some(ProtoResolution::Succeeded(s)) => ReviewDecision::Succeeded {
+                external_id: ExternalId::parse_optional(&s.external_id)?,
+                result_json: s.result_json,
+            },
+            Some(ProtoResolution::FailedFinal(f)) => ReviewDecision::failed_final(&f.error_code)?,
+            Some(ProtoResolution::ReleaseForRetry(_)) => ReviewDecision::ReleaseForRetry,
+            None => {
+                return Err(JournalError::invalid(
+                    ErrorReason::InvalidReview,
+                    FieldViolation::new(
+                        "resolution",
+                        "is required: succeeded, failed_final or release_for_retry",
+                    ),
+                ));
+            }
+        };
+        Resolve::new(operation, r.expected_attempt_count, attribution, decision)
+    }
+}
+
+impl TryFrom<proto::GetOperationHistoryRequest> for History {
+    type Error = JournalError;
+
+    fn try_from(r: proto::GetOperationHistoryRequest) -> Result<Self, JournalError> {
+        Ok(History {
+            operation: OperationRef::new(&r.namespace, &r.operation_key)?,
+            page: Page {
+                size: r.page_size,
+                token: r.page_token,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// The reason and field of a refused conversion.
+    fn refusal<T: std::fmt::Debug>(
+        converted: Result<T, JournalError>,
+    ) -> (ErrorReason, &'static str) {
+        match converted.unwrap_err() {
+            JournalError::InvalidArgument {
+                reason, violation, ..
+            } => (reason, violation.field),
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+        }
+    }
+
+    fn resolve(
+        change: impl FnOnce(&mut proto::ResolveOperationRequest),
+    ) -> proto::ResolveOperationRequest {
+        let mut request = proto::ResolveOperationRequest {
+            namespace: String::new(),
+            operation_key: "order-1".into(),
+            expected_attempt_count: 1,
+            reviewer: "alice".into(),
+            reason: "no charge at the provider".into(),
+            resolution: Some(ProtoResolution::FailedFinal(proto::ResolveFailedFinal {
+                error_code: "not_charged".into(),
+            })),
+        };
+        change(&mut request);
+        request
+    }
+
+    #[test]
+    fn a_review_decision_is_refused_at_the_edge_naming_its_field() {
+        let resolved = Resolve::try_from(resolve(|_| ())).unwrap();
+        assert_eq!(resolved.attribution.actor, "alice");
+        assert!(matches!(
+            resolved.decision,
+            ReviewDecision::FailedFinal { ref error_code } if error_code.as_str() == "not_charged"
+        ));
+        for (change, expected) in [
+            (
+                resolve(|r| r.resolution = None),
+                (ErrorReason::InvalidReview, "resolution"),
+            ),
+            (
+                resolve(|r| r.reviewer.clear()),
+                (ErrorReason::InvalidReview, "reviewer"),
+            ),
+            (
+                resolve(|r| r.reason = "line\nbreak".into()),
+                (ErrorReason::InvalidReview, "reason"),
+            ),
+            (
+                resolve(|r| r.expected_attempt_count = 0),
+                (
+                    ErrorReason::InvalidExpectedAttempt,
+                    "expected_attempt_count",
+                ),
+            ),
+            (
+                resolve(|r| {
+                    r.resolution = Some(ProtoResolution::FailedFinal(proto::ResolveFailedFinal {
+                        error_code: String::new(),
+                    }))
+                }),
+                (ErrorReason::InvalidFieldLength, "failed_final.error_code"),
+            ),
+        ] {
+            assert_eq!(refusal(Resolve::try_from(change)), expected);
+        }
+    }
+
+    #[test]
+    fn a_lease_holder_call_is_refused_at_the_edge_naming_its_field() {
+        let complete = proto::CompleteOperationRequest {
+            lease_token: "not-a-token".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            refusal(Complete::try_from(complete)),
+            (ErrorReason::InvalidLeaseToken, "lease_token")
+        );
+        let list = proto::ListOperationsRequest {
+            status: 99,
+            ..Default::default()
+        };
+        assert_eq!(
+            refusal(ListOperations::try_from(list)),
+            (ErrorReason::InvalidStatusFilter, "status")
+        );
     }
 }

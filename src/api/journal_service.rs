@@ -1,17 +1,21 @@
-//! The `OperationJournal` gRPC service: thin handlers over [`Journal`], each checking the
-//! caller's role and namespace first (see [`super::auth`]).
+//! The `OperationJournal` gRPC service: thin handlers over [`Journal`]. Each checks the
+//! caller's role, converts the request into its command (`api::convert`: every field parsed,
+//! the lease token once), checks the caller's namespace (see [`super::auth`]) and calls the
+//! journal once.
 
 use tonic::{Request, Response, Status};
 
-use super::auth::{self, check_lease_namespace, check_namespace};
+use super::auth::{self, check_namespace};
 use super::convert;
 use crate::domain::access::Rpc;
-use crate::domain::model::OperationRecord;
-use crate::journal::{BeginOutcome, BeginRequest, Journal};
+use crate::domain::model::{Namespace, OperationRecord};
+use crate::journal::{
+    BeginOutcome, BeginRequest, Complete, DeriveKey, Fail, Journal, ListOperations, OperationRef,
+    Renew, ReportUnknown,
+};
 use crate::proto;
 use crate::proto::operation_journal_server::{OperationJournal, OperationJournalServer};
 use crate::telemetry::propagation;
-use opjournal_client::ErrorReason;
 
 /// The `opjournal.v1.OperationJournal` service.
 #[derive(Clone)]
@@ -40,7 +44,7 @@ impl OperationJournal for JournalService {
         let caller = auth::caller(&request, Rpc::BeginOperation)?;
         let trace_context = propagation::registering_trace_context(request.metadata().as_ref());
         let r = request.into_inner();
-        check_namespace(&caller, &r.namespace)?;
+        check_namespace(&caller, &Namespace::parse(&r.namespace)?)?;
         let request = BeginRequest {
             trace_context,
             ..BeginRequest::from(r)
@@ -83,12 +87,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::CompleteOperationRequest>,
     ) -> Result<Response<proto::CompleteOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::CompleteOperation)?;
-        let r = request.into_inner();
-        let token = check_lease_namespace(&caller, &r.lease_token)?;
-        let record = self
-            .journal
-            .complete(&token, &r.external_id, &r.result_json)
-            .await?;
+        let command = Complete::try_from(request.into_inner())?;
+        check_namespace(&caller, &command.token.namespace)?;
+        let record = self.journal.complete(command).await?;
         Ok(Response::new(proto::CompleteOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -99,9 +100,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::FailOperationRequest>,
     ) -> Result<Response<proto::FailOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::FailOperation)?;
-        let r = request.into_inner();
-        let token = check_lease_namespace(&caller, &r.lease_token)?;
-        let record = self.journal.fail(&token, &r.error_code).await?;
+        let command = Fail::try_from(request.into_inner())?;
+        check_namespace(&caller, &command.token.namespace)?;
+        let record = self.journal.fail(command).await?;
         Ok(Response::new(proto::FailOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -112,9 +113,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::ReportUnknownOutcomeRequest>,
     ) -> Result<Response<proto::ReportUnknownOutcomeResponse>, Status> {
         let caller = auth::caller(&request, Rpc::ReportUnknownOutcome)?;
-        let r = request.into_inner();
-        let token = check_lease_namespace(&caller, &r.lease_token)?;
-        let record = self.journal.report_unknown(&token, &r.error_code).await?;
+        let command = ReportUnknown::try_from(request.into_inner())?;
+        check_namespace(&caller, &command.token.namespace)?;
+        let record = self.journal.report_unknown(command).await?;
         Ok(Response::new(proto::ReportUnknownOutcomeResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -125,9 +126,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::RenewLeaseRequest>,
     ) -> Result<Response<proto::RenewLeaseResponse>, Status> {
         let caller = auth::caller(&request, Rpc::RenewLease)?;
-        let r = request.into_inner();
-        let token = check_lease_namespace(&caller, &r.lease_token)?;
-        let record = self.journal.renew(&token, r.lease_seconds).await?;
+        let command = Renew::try_from(request.into_inner())?;
+        check_namespace(&caller, &command.token.namespace)?;
+        let record = self.journal.renew(command).await?;
         Ok(Response::new(proto::RenewLeaseResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -138,9 +139,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::GetOperationRequest>,
     ) -> Result<Response<proto::GetOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::GetOperation)?;
-        let r = request.into_inner();
-        check_namespace(&caller, &r.namespace)?;
-        let record = self.journal.get(&r.namespace, &r.operation_key).await?;
+        let operation = OperationRef::try_from(request.into_inner())?;
+        check_namespace(&caller, &operation.namespace)?;
+        let record = self.journal.get(&operation).await?;
         Ok(Response::new(proto::GetOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -151,11 +152,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::DeriveOperationKeyRequest>,
     ) -> Result<Response<proto::DeriveOperationKeyResponse>, Status> {
         let caller = auth::caller(&request, Rpc::DeriveOperationKey)?;
-        let r = request.into_inner();
-        check_namespace(&caller, &r.namespace)?;
-        let key = self
-            .journal
-            .derive_key(&r.namespace, &r.action_type, &r.intent_reference)?;
+        let command = DeriveKey::try_from(request.into_inner())?;
+        check_namespace(&caller, &command.namespace)?;
+        let key = self.journal.derive_key(&command)?;
         Ok(Response::new(proto::DeriveOperationKeyResponse {
             operation_key: key.to_string(),
         }))
@@ -166,27 +165,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::ListOperationsRequest>,
     ) -> Result<Response<proto::ListOperationsResponse>, Status> {
         let caller = auth::caller(&request, Rpc::ListOperations)?;
-        let r = request.into_inner();
-        check_namespace(&caller, &r.namespace)?;
-        let status = proto::OperationStatus::try_from(r.status).map_err(|_| {
-            Status::from(crate::domain::error::JournalError::invalid(
-                ErrorReason::InvalidStatusFilter,
-                crate::domain::error::FieldViolation::new(
-                    "status",
-                    "is not an OperationStatus value",
-                ),
-            ))
-        })?;
-        let (records, next_page_token) = self
-            .journal
-            .list(
-                &r.namespace,
-                convert::status_from_proto(status),
-                &r.action_type,
-                r.page_size,
-                &r.page_token,
-            )
-            .await?;
+        let command = ListOperations::try_from(request.into_inner())?;
+        check_namespace(&caller, &command.namespace)?;
+        let (records, next_page_token) = self.journal.list(command).await?;
         Ok(Response::new(proto::ListOperationsResponse {
             operations: records.iter().map(convert::operation).collect(),
             next_page_token,

@@ -1,18 +1,18 @@
 //! The `Reconciler` gRPC service: reconcile now, the review queue, resolutions, history.
-//! Each handler checks the caller's role and namespace first (see [`super::auth`]); with
-//! authentication on, the reviewer of a resolution is the caller's token name.
+//! Each handler checks the caller's role, converts the request into its command
+//! (`api::convert`), checks the caller's namespace (see [`super::auth`]) and calls the
+//! reconciler once; with authentication on, the reviewer of a resolution is the caller's
+//! token name.
 
 use tonic::{Request, Response, Status};
 
 use super::auth::{self, check_namespace};
 use super::convert;
 use crate::domain::access::Rpc;
-use crate::domain::error::{FieldViolation, JournalError};
+use crate::journal::OperationRef;
 use crate::proto;
 use crate::proto::reconciler_server::{Reconciler as ReconcilerRpc, ReconcilerServer};
-use crate::proto::resolve_operation_request::Resolution as ProtoResolution;
-use crate::reconcile::{ReconcileAction, Reconciler, ReviewDecision};
-use opjournal_client::ErrorReason;
+use crate::reconcile::{History, ReconcileAction, Reconciler, Resolve, ReviewQueue};
 
 /// The `opjournal.v1.Reconciler` service.
 #[derive(Clone)]
@@ -39,12 +39,9 @@ impl ReconcilerRpc for ReconcilerService {
         request: Request<proto::ReconcileOperationRequest>,
     ) -> Result<Response<proto::ReconcileOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::ReconcileOperation)?;
-        let r = request.into_inner();
-        check_namespace(&caller, &r.namespace)?;
-        let report = self
-            .reconciler
-            .reconcile_now(&r.namespace, &r.operation_key)
-            .await?;
+        let operation = OperationRef::try_from(request.into_inner())?;
+        check_namespace(&caller, &operation.namespace)?;
+        let report = self.reconciler.reconcile_now(&operation).await?;
         let observation = report.observation.as_ref().map(|o| {
             let mut observation = convert::observation(o);
             if report.action == ReconcileAction::ReleasedForRetry {
@@ -64,12 +61,9 @@ impl ReconcilerRpc for ReconcilerService {
         request: Request<proto::ListOperationsForReviewRequest>,
     ) -> Result<Response<proto::ListOperationsForReviewResponse>, Status> {
         let caller = auth::caller(&request, Rpc::ListOperationsForReview)?;
-        let r = request.into_inner();
-        check_namespace(&caller, &r.namespace)?;
-        let (records, next_page_token) = self
-            .reconciler
-            .list_for_review(&r.namespace, r.page_size, &r.page_token)
-            .await?;
+        let command = ReviewQueue::try_from(request.into_inner())?;
+        check_namespace(&caller, &command.namespace)?;
+        let (records, next_page_token) = self.reconciler.list_for_review(&command).await?;
         Ok(Response::new(proto::ListOperationsForReviewResponse {
             operations: records.iter().map(convert::operation).collect(),
             next_page_token,
@@ -81,42 +75,13 @@ impl ReconcilerRpc for ReconcilerService {
         request: Request<proto::ResolveOperationRequest>,
     ) -> Result<Response<proto::ResolveOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::ResolveOperation)?;
-        let r = request.into_inner();
-        check_namespace(&caller, &r.namespace)?;
-        let decision = match r.resolution {
-            Some(ProtoResolution::Succeeded(s)) => ReviewDecision::Succeeded {
-                external_id: s.external_id,
-                result_json: s.result_json,
-            },
-            Some(ProtoResolution::FailedFinal(f)) => ReviewDecision::FailedFinal {
-                error_code: f.error_code,
-            },
-            Some(ProtoResolution::ReleaseForRetry(_)) => ReviewDecision::ReleaseForRetry,
-            None => {
-                return Err(JournalError::invalid(
-                    ErrorReason::InvalidReview,
-                    FieldViolation::new(
-                        "resolution",
-                        "is required: succeeded, failed_final or release_for_retry",
-                    ),
-                )
-                .into());
-            }
-        };
-        let reviewer = caller
+        let mut r = request.into_inner();
+        r.reviewer = caller
             .reviewer(&r.reviewer)
             .map_err(|error| auth::refused(&caller, error))?;
-        let record = self
-            .reconciler
-            .resolve_by_reviewer(
-                &r.namespace,
-                &r.operation_key,
-                r.expected_attempt_count,
-                &reviewer,
-                &r.reason,
-                decision,
-            )
-            .await?;
+        let command = Resolve::try_from(r)?;
+        check_namespace(&caller, &command.operation.namespace)?;
+        let record = self.reconciler.resolve_by_reviewer(command).await?;
         Ok(Response::new(proto::ResolveOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -127,12 +92,9 @@ impl ReconcilerRpc for ReconcilerService {
         request: Request<proto::GetOperationHistoryRequest>,
     ) -> Result<Response<proto::GetOperationHistoryResponse>, Status> {
         let caller = auth::caller(&request, Rpc::GetOperationHistory)?;
-        let r = request.into_inner();
-        check_namespace(&caller, &r.namespace)?;
-        let (events, next_page_token) = self
-            .reconciler
-            .history(&r.namespace, &r.operation_key, r.page_size, &r.page_token)
-            .await?;
+        let command = History::try_from(request.into_inner())?;
+        check_namespace(&caller, &command.operation.namespace)?;
+        let (events, next_page_token) = self.reconciler.history(&command).await?;
         Ok(Response::new(proto::GetOperationHistoryResponse {
             events: events.iter().map(convert::event).collect(),
             next_page_token,

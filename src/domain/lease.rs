@@ -199,8 +199,8 @@ impl AttemptDigest {
     }
 }
 
-/// A lease token as the use cases take it: already parsed (the transport parses it once per
-/// request, where it also checks the caller's namespace), or as the text a client sent.
+/// A lease token as the commands of a lease holder's calls take it (`journal::Complete::new`,
+/// ...): already parsed, or as the text a client sent.
 pub trait AsLeaseToken {
     /// The token, parsed if needed.
     ///

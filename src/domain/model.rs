@@ -429,6 +429,34 @@ impl Attribution {
             reason: Some(reason.into()),
         }
     }
+
+    /// A reviewer's decision: who decided (1-200 characters) and why (1-500), neither with
+    /// control characters.
+    ///
+    /// Errors: `INVALID_ARGUMENT`/`INVALID_REVIEW` naming the field.
+    pub fn reviewer(reviewer: &str, reason: &str) -> Result<Self, JournalError> {
+        let check = |field: &'static str, value: &str, max: usize| {
+            let chars = value.chars().count();
+            if chars == 0 || chars > max || value.chars().any(char::is_control) {
+                Err(JournalError::invalid(
+                    ErrorReason::InvalidReview,
+                    FieldViolation::new(
+                        field,
+                        format!("is required: 1 to {max} characters without control characters"),
+                    ),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        check("reviewer", reviewer, 200)?;
+        check("reason", reason, 500)?;
+        Ok(Self {
+            kind: ActorKind::Reviewer,
+            actor: reviewer.to_owned(),
+            reason: Some(reason.to_owned()),
+        })
+    }
 }
 
 /// One entry of an operation's append-only history.

@@ -18,22 +18,22 @@
 //! with a compare-and-set on the attempt they saw.
 
 pub mod adapter;
+mod command;
 pub mod grpc;
-mod review;
 pub mod webhook;
 pub mod worker;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::domain::error::{FieldViolation, JournalError};
+use crate::domain::canonical;
+use crate::domain::error::JournalError;
 use crate::domain::model::{
-    ActionType, Attribution, ExternalId, Namespace, OperationEvent, OperationKey, OperationRecord,
-    Status,
+    ActionType, Attribution, ExternalId, Namespace, OperationEvent, OperationRecord, Status,
 };
 use crate::domain::policy::{ActionPolicy, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
-use crate::journal::{PageToken, RequestLimits, page_limit};
+use crate::journal::{OperationRef, PageToken, RequestLimits, page_limit};
 use crate::store::{
     HistoryQuery, JournalStore, Lookup, OutboxEntry, OutboxStats, QueueStats, Resolution,
     ReviewQuery,
@@ -41,7 +41,7 @@ use crate::store::{
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
-use opjournal_client::ErrorReason;
+pub use command::{History, Resolve, ReviewDecision, ReviewFilter, ReviewQueue};
 use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -87,25 +87,6 @@ pub struct ReconcileReport {
     pub observation: Option<Observation>,
     /// What was done.
     pub action: ReconcileAction,
-}
-
-/// A reviewer's decision on an unknown operation.
-#[derive(Debug, Clone)]
-pub enum ReviewDecision {
-    /// The provider has the effect: its id (any text up to 200 characters) and result JSON.
-    Succeeded {
-        /// Provider's id.
-        external_id: String,
-        /// Result JSON text; empty for none.
-        result_json: String,
-    },
-    /// No effect, never retry automatically.
-    FailedFinal {
-        /// Short machine code.
-        error_code: String,
-    },
-    /// No effect; the next Begin may execute again with the same key.
-    ReleaseForRetry,
 }
 
 /// Settles unknown operations by asking providers, and by reviewers' decisions.
@@ -175,14 +156,12 @@ impl Reconciler {
     /// `FAILED_PRECONDITION`/`NO_PROVIDER_ADAPTER` when the action has no lookup.
     pub async fn reconcile_now(
         &self,
-        namespace: &str,
-        operation_key: &str,
+        operation: &OperationRef,
     ) -> Result<ReconcileReport, JournalError> {
-        let namespace = Namespace::parse(namespace)?;
-        let key = OperationKey::parse(operation_key)?;
+        let (namespace, key) = (&operation.namespace, &operation.operation_key);
         let record = self
             .store
-            .get(&namespace, &key)
+            .get(namespace, key)
             .await?
             .ok_or(JournalError::NotFound)?;
         if !(record.status == Status::Unknown || record.has_expired_lease()) {
@@ -198,7 +177,7 @@ impl Reconciler {
         // Take the reconcile lease, so that no worker looks the operation up meanwhile.
         let record = self
             .store
-            .claim_for_reconcile(&namespace, &key, self.lookup_hold)
+            .claim_for_reconcile(namespace, key, self.lookup_hold)
             .await
             .map_err(JournalError::from)
             .and_then(|claimed| claimed.ok_or(JournalError::ReconcileInProgress))
@@ -408,55 +387,47 @@ impl Reconciler {
     /// Applies a reviewer's decision to an `unknown` operation, compare-and-set on the
     /// attempt count the reviewer saw.
     ///
-    /// Errors: `INVALID_ARGUMENT` for a missing reviewer, reason or a malformed field;
-    /// `NOT_FOUND`/`OPERATION_NOT_FOUND`; `FAILED_PRECONDITION`/`OPERATION_CHANGED` when
+    /// Errors: `INVALID_ARGUMENT`/`INVALID_RESULT` for a success's result that is not strict
+    /// I-JSON within the request limits, `RESULT_TOO_LARGE` when it is over the action's
+    /// `result.max_bytes` once sanitized; `NOT_FOUND`/`OPERATION_NOT_FOUND`; `FAILED_PRECONDITION`/`OPERATION_CHANGED` when
     /// the operation is no longer unknown at that attempt.
     pub async fn resolve_by_reviewer(
         &self,
-        namespace: &str,
-        operation_key: &str,
-        expected_attempt: i32,
-        reviewer: &str,
-        reason: &str,
-        decision: ReviewDecision,
+        command: Resolve,
     ) -> Result<OperationRecord, JournalError> {
-        self.resolve_by_reviewer_unobserved(
-            namespace,
-            operation_key,
-            expected_attempt,
-            reviewer,
-            reason,
-            decision,
-        )
-        .await
-        .inspect_err(|error| self.metrics.journal_error(error))
+        self.resolve_by_reviewer_unobserved(command)
+            .await
+            .inspect_err(|error| self.metrics.journal_error(error))
     }
 
     async fn resolve_by_reviewer_unobserved(
         &self,
-        namespace: &str,
-        operation_key: &str,
-        expected_attempt: i32,
-        reviewer: &str,
-        reason: &str,
-        decision: ReviewDecision,
+        command: Resolve,
     ) -> Result<OperationRecord, JournalError> {
-        let namespace = Namespace::parse(namespace)?;
-        let key = OperationKey::parse(operation_key)?;
-        let attribution = review::attribution(reviewer, reason)?;
-        let mut resolution = review::resolution(decision, &self.limits)?;
-        if expected_attempt < 1 {
-            return Err(JournalError::invalid(
-                ErrorReason::InvalidExpectedAttempt,
-                FieldViolation::new(
-                    "expected_attempt_count",
-                    "must be the attempt_count of the operation as you saw it",
-                ),
-            ));
-        }
+        let Resolve {
+            operation,
+            expected_attempt,
+            attribution,
+            decision,
+        } = command;
+        let mut resolution = match decision {
+            ReviewDecision::Succeeded {
+                external_id,
+                result_json,
+            } => Resolution::Succeeded {
+                external_id: external_id.map(|id| id.as_str().to_owned()),
+                result_json: (self.limits)
+                    .result("succeeded.result_json", &result_json)?
+                    .map(|value| canonical::canonicalize(&value)),
+            },
+            ReviewDecision::FailedFinal { error_code } => Resolution::FailedFinal {
+                error_code: error_code.as_str().to_owned(),
+            },
+            ReviewDecision::ReleaseForRetry => Resolution::ReleaseForRetry,
+        };
         let current = self
             .store
-            .get(&namespace, &key)
+            .get(&operation.namespace, &operation.operation_key)
             .await?
             .ok_or(JournalError::NotFound)?;
         if current.status != Status::Unknown || current.attempt_count != expected_attempt {
@@ -501,64 +472,39 @@ impl Reconciler {
     }
 }
 
-/// Filters of the review queue besides its namespace; the default lets every operation
-/// through.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReviewFilter {
-    /// Only this action type (empty: every one).
-    pub action_type: String,
-    /// Only operations escalated at least this long ago (zero: every one).
-    pub min_age: Duration,
-}
-
 impl Reconciler {
-    /// Operations waiting for review, oldest escalation first, and the next page token.
+    /// Operations waiting for review that pass the command's filter, oldest escalation
+    /// first, and the next page token (bound to the filter: a token of other filters is
+    /// refused).
     ///
     /// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN` or `INVALID_PAGE_SIZE`.
     pub async fn list_for_review(
         &self,
-        namespace: &str,
-        page_size: i32,
-        page_token: &str,
+        command: &ReviewQueue,
     ) -> Result<(Vec<OperationRecord>, String), JournalError> {
-        self.review_queue(namespace, &ReviewFilter::default(), page_size, page_token)
-            .await
-    }
-
-    /// The review queue of `namespace` narrowed by `filter`, oldest escalation first, and
-    /// the next page token (bound to the filter: a token of other filters is refused).
-    ///
-    /// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN` or `INVALID_PAGE_SIZE`; a malformed
-    /// namespace or action type.
-    pub async fn review_queue(
-        &self,
-        namespace: &str,
-        filter: &ReviewFilter,
-        page_size: i32,
-        page_token: &str,
-    ) -> Result<(Vec<OperationRecord>, String), JournalError> {
-        let namespace = Namespace::parse(namespace)?;
-        let action_type = match filter.action_type.as_str() {
-            "" => None,
-            action_type => Some(ActionType::parse(action_type)?),
-        };
-        let limit = self.limits.page_limit(page_size)?;
+        let ReviewQueue {
+            namespace,
+            filter,
+            page,
+        } = command;
+        let limit = self.limits.page_limit(page.size)?;
         let filters = if filter == &ReviewFilter::default() {
             format!("review|{namespace}")
         } else {
+            let action_type = filter.action_type.as_ref().map_or("", ActionType::as_str);
             let min_age = filter.min_age.as_millis();
-            format!("review|{namespace}|{}|{min_age}", filter.action_type)
+            format!("review|{namespace}|{action_type}|{min_age}")
         };
-        let after = if page_token.is_empty() {
+        let after = if page.token.is_empty() {
             None
         } else {
-            Some(PageToken::decode(page_token, &filters)?)
+            Some(PageToken::decode(&page.token, &filters)?)
         };
         let mut rows = self
             .store
             .list_review(&ReviewQuery {
                 namespace: namespace.clone(),
-                action_type,
+                action_type: filter.action_type.clone(),
                 min_age: filter.min_age,
                 after,
                 limit: limit + 1,
@@ -584,16 +530,16 @@ impl Reconciler {
     /// oldest first, each with its delivery state: what the review console shows. Events are
     /// written whether or not a webhook URL is configured; without one they stay pending.
     ///
-    /// Errors: a malformed namespace or key (`INVALID_ARGUMENT`); `UNAVAILABLE`/
-    /// `STORE_UNAVAILABLE`.
+    /// Errors: `UNAVAILABLE`/`STORE_UNAVAILABLE`.
     pub async fn deliveries(
         &self,
-        namespace: &str,
-        operation_key: &str,
+        operation: &OperationRef,
     ) -> Result<Vec<OutboxEntry>, JournalError> {
-        let namespace = Namespace::parse(namespace)?;
-        let key = OperationKey::parse(operation_key)?;
-        Ok(self.store.deliveries(&namespace, &key).await?)
+        let OperationRef {
+            namespace,
+            operation_key,
+        } = operation;
+        Ok(self.store.deliveries(namespace, operation_key).await?)
     }
 
     /// The whole outbox's pending and given-up events, and the oldest pending event's age.
@@ -609,22 +555,19 @@ impl Reconciler {
     /// `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN`.
     pub async fn history(
         &self,
-        namespace: &str,
-        operation_key: &str,
-        page_size: i32,
-        page_token: &str,
+        command: &History,
     ) -> Result<(Vec<OperationEvent>, String), JournalError> {
-        let namespace = Namespace::parse(namespace)?;
-        let key = OperationKey::parse(operation_key)?;
-        let limit = page_limit(page_size, 100, 1000)?;
+        let History { operation, page } = command;
+        let (namespace, key) = (&operation.namespace, &operation.operation_key);
+        let limit = page_limit(page.size, 100, 1000)?;
         let filters = format!("history|{namespace}|{key}");
-        let after = if page_token.is_empty() {
+        let after = if page.token.is_empty() {
             0
         } else {
-            let (event_id, _) = PageToken::decode_position(page_token, &filters)?;
+            let (event_id, _) = PageToken::decode_position(&page.token, &filters)?;
             event_id
         };
-        if after == 0 && self.store.get(&namespace, &key).await?.is_none() {
+        if after == 0 && self.store.get(namespace, key).await?.is_none() {
             return Err(JournalError::NotFound);
         }
         let mut events = self

@@ -245,6 +245,10 @@ pub trait JournalStore: JournalMaintenance + EscalationOutbox {
     /// [`Registration::Raced`] when the existing row could not be read (see there).
     async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError>;
 
+    /// The clock this store's statements read: the database's unless a test moved it. The
+    /// journal keeps what it caches about a lease by the same clock.
+    fn clock(&self) -> &Clock;
+
     /// Reads one operation with the database clock.
     async fn get(
         &self,

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::StoreError;
-use super::sql::{Arg, Dialect, SqlStore, Statement, args, corrupt, status};
+use super::sql::{Dialect, SqlStore, Statement, args, corrupt, file, status};
 use crate::domain::escalation::{EscalationEvent, EventType};
 use crate::domain::model::{ActorKind, Namespace, OperationKey};
 pub use crate::telemetry::metrics::OutboxStats;
@@ -132,31 +132,22 @@ pub trait EscalationOutbox: Send + Sync + 'static {
     async fn outbox_stats(&self) -> Result<OutboxStats, StoreError>;
 }
 
-/// The outbox statements of a store, rendered once.
+/// The outbox statements of a store, rendered once, by the method that sends them.
 #[derive(Debug)]
-pub struct Statements {
-    claim: Statement,
-    record: Statement,
+pub(super) struct Statements {
+    claim_deliveries: Statement,
+    record_delivery: Statement,
     deliveries: Statement,
-    stats: Statement,
+    outbox_stats: Statement,
 }
 
 impl Statements {
     pub(super) fn new<D: Dialect>() -> Self {
-        let st = Statement::new::<D>;
         Self {
-            claim: st("claim_deliveries", "UPDATE", D::CLAIM_DELIVERIES),
-            record: st(
-                "record_delivery",
-                "UPDATE",
-                include_str!("sql/record_delivery.sql"),
-            ),
-            deliveries: st("deliveries", "SELECT", include_str!("sql/deliveries.sql")),
-            stats: st(
-                "outbox_stats",
-                "SELECT",
-                include_str!("sql/outbox_stats.sql"),
-            ),
+            claim_deliveries: file!(D "UPDATE" claim_deliveries own),
+            record_delivery: file!(D "UPDATE" record_delivery),
+            deliveries: file!(D "SELECT" deliveries),
+            outbox_stats: file!(D "SELECT" outbox_stats),
         }
     }
 }
@@ -168,13 +159,8 @@ impl<D: Dialect> EscalationOutbox for SqlStore<D> {
         limit: i64,
         lease: Duration,
     ) -> Result<Vec<OutboxEntry>, StoreError> {
-        let statement = &self.statements().outbox.claim;
-        let claim = async {
-            let rows = self
-                .rows::<OutboxRow>(statement, args![limit, lease])
-                .await?;
-            rows.into_iter().map(OutboxEntry::try_from).collect()
-        };
+        let statement = &self.statements.outbox.claim_deliveries;
+        let claim = self.decoded::<OutboxRow, _>(statement, args![limit, lease]);
         self.run(statement, claim).await
     }
 
@@ -212,9 +198,9 @@ impl<D: Dialect> EscalationOutbox for SqlStore<D> {
             error,
             after.unwrap_or_default()
         ];
-        let statement = &self.statements().outbox.record;
+        let statement = &self.statements.outbox.record_delivery;
         let args = self.args(statement, args);
-        let record = D::execute(&self.pool, statement.sql(), args);
+        let record = D::execute(&self.pool, &statement.sql, args);
         let record = async { Ok(record.await? == 1) };
         self.run(statement, record).await
     }
@@ -224,25 +210,18 @@ impl<D: Dialect> EscalationOutbox for SqlStore<D> {
         namespace: &Namespace,
         key: &OperationKey,
     ) -> Result<Vec<OutboxEntry>, StoreError> {
-        let statement = &self.statements().outbox.deliveries;
+        let statement = &self.statements.outbox.deliveries;
         let args = args![namespace.as_str(), key.as_str()];
-        let read = async {
-            let rows = self.rows::<OutboxRow>(statement, args).await?;
-            rows.into_iter().map(OutboxEntry::try_from).collect()
-        };
+        let read = self.decoded::<OutboxRow, _>(statement, args);
         self.run(statement, read).await
     }
 
     async fn outbox_stats(&self) -> Result<OutboxStats, StoreError> {
-        let statement = &self.statements().outbox.stats;
+        let statement = &self.statements.outbox.outbox_stats;
         let read = async {
-            let row = self.rows::<StatsRow>(statement, Vec::new()).await?;
-            let row = row.into_iter().next().ok_or_else(|| corrupt("outbox"))?;
-            Ok(OutboxStats::from_columns(
-                row.pending,
-                row.oldest_pending_seconds,
-                row.dead,
-            ))
+            let row = self.rows(statement, Vec::new()).await?.pop();
+            let (pending, oldest, dead) = row.ok_or_else(|| corrupt("outbox"))?;
+            Ok(OutboxStats::from_columns(pending, oldest, dead))
         };
         self.run(statement, read).await
     }
@@ -307,11 +286,4 @@ impl TryFrom<OutboxRow> for OutboxEntry {
             observed_at: row.observed_at,
         })
     }
-}
-
-#[derive(Debug, sqlx::FromRow)]
-struct StatsRow {
-    pending: i64,
-    oldest_pending_seconds: Option<f64>,
-    dead: i64,
 }

@@ -6,13 +6,10 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::postgres::PgPool;
 
 use super::StoreError;
-use super::sql::{Arg, CountRow, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
+use super::sql::{Arg, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
 
 /// The migrations of this backend, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
-
-/// The purge, in one data-modifying CTE (for the query plans the benchmark shows).
-pub const PURGE: &str = include_str!("sql/postgres/purge.sql");
 
 /// The journal's tables that have never been analyzed, with their changes since.
 const UNANALYZED: &str = "SELECT relname::text, n_mod_since_analyze FROM pg_stat_user_tables \
@@ -45,12 +42,21 @@ pub(crate) fn classify(error: sqlx::Error) -> StoreError {
 impl Dialect for Pg {
     type Pool = PgPool;
     const SYSTEM: &'static str = "postgresql";
-    const REGISTER: Option<&'static str> = Some(include_str!("sql/postgres/register.sql"));
-    const SETTLE_WITH_PREVIOUS: Option<&'static str> =
-        Some(include_str!("sql/postgres/settle_with_previous.sql"));
-    const SWEEP: &'static str = include_str!("sql/postgres/sweep.sql");
-    const CLAIM_DUE: &'static str = include_str!("sql/postgres/claim_due.sql");
-    const CLAIM_DELIVERIES: &'static str = include_str!("sql/postgres/claim_deliveries.sql");
+    const OWN: &'static [(&'static str, &'static str)] = &[
+        ("register", include_str!("sql/postgres/register.sql")),
+        ("settle", include_str!("sql/postgres/settle.sql")),
+        (
+            "sweep_expired_leases",
+            include_str!("sql/postgres/sweep.sql"),
+        ),
+        ("claim_due", include_str!("sql/postgres/claim_due.sql")),
+        ("purge", include_str!("sql/postgres/purge.sql")),
+        (
+            "claim_deliveries",
+            include_str!("sql/postgres/claim_deliveries.sql"),
+        ),
+    ];
+    const ANSWERS_IN_ONE: bool = true;
     const PING: &'static str = "SELECT 1";
 
     fn token(token: &str, arg: &str) -> String {
@@ -59,11 +65,7 @@ impl Dialect for Pg {
             "now" => now.to_owned(),
             "now+" => format!("({now} + make_interval(secs => {arg}))"),
             "now-" => format!("({now} - make_interval(secs => {arg}))"),
-            "uuid" => format!("{arg}::uuid"),
-            "json" => format!("{arg}::jsonb"),
-            "hash" => format!("{arg}::char(64)"),
-            "time" => format!("{arg}::timestamptz"),
-            "text" => format!("{arg}::text"),
+            "cast" => arg.replacen(' ', "::", 1),
             "dbnow" => "now()".to_owned(),
             "age" => format!("EXTRACT(EPOCH FROM now() - {arg})::float8"),
             "policy" => format!("(action_policy ->> '{arg}')::float8"),
@@ -81,12 +83,14 @@ impl Dialect for Pg {
 
     run_on!(PgPool, sqlx::Postgres);
 
+    /// One data-modifying CTE.
     async fn purge(store: &PgStore, limit: i64) -> Result<u64, StoreError> {
-        let purge = super::sql::Statement::new::<Pg>("purge", "DELETE", PURGE);
-        let rows: Vec<CountRow> = store.rows(&purge, vec![Arg::Int(limit)]).await?;
-        Ok(rows
+        let count: Vec<(i64,)> = store
+            .rows(&store.statements.purge, vec![limit.into()])
+            .await?;
+        Ok(count
             .first()
-            .map_or(0, |row| u64::try_from(row.count).unwrap_or(0)))
+            .map_or(0, |(count,)| u64::try_from(*count).unwrap_or(0)))
     }
 
     async fn analyze_new_tables(
@@ -98,16 +102,16 @@ impl Dialect for Pg {
             return Ok(None);
         }
         let mut analyzed = 0;
-        for (table, changes) in unanalyzed {
-            // Only these two names can come back; each statement is a constant.
+        for (table, _) in unanalyzed
+            .iter()
+            .filter(|(_, changes)| *changes >= min_changes)
+        {
+            // UNANALYZED answers only these two names; each statement is a constant.
             let statement = match table.as_str() {
                 "agent_operations" => "ANALYZE agent_operations",
                 "operation_events" => "ANALYZE operation_events",
                 _ => continue,
             };
-            if changes < min_changes {
-                continue;
-            }
             Self::execute(pool, statement, Vec::new()).await?;
             analyzed += 1;
         }

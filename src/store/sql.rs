@@ -123,17 +123,12 @@ pub trait Dialect: Clone + Send + Sync + Sized + 'static {
     type Pool: Clone + Send + Sync + std::fmt::Debug + 'static;
     /// The OpenTelemetry `db.system.name` of the backend: `postgresql` or `sqlite`.
     const SYSTEM: &'static str;
-    /// `register` in one statement, when the backend can (else insert, then get).
-    const REGISTER: Option<&'static str>;
-    /// `settle` in one statement, answering the status it left, when the backend can (else
-    /// get, then the plain report).
-    const SETTLE_WITH_PREVIOUS: Option<&'static str>;
-    /// The batch claims: the lease sweep and the reconcile claim.
-    const SWEEP: &'static str;
-    /// See [`Dialect::SWEEP`].
-    const CLAIM_DUE: &'static str;
-    /// The outbox's delivery claim (`store::outbox`).
-    const CLAIM_DELIVERIES: &'static str;
+    /// The statements the backend writes its own way (`sql/postgres/`, `sql/sqlite/`), by
+    /// the store method that sends them; every other method's statement is `sql/<method>.sql`.
+    const OWN: &'static [(&'static str, &'static str)];
+    /// Whether `register` and `settle` answer in one statement what else takes a second one:
+    /// the existing row a registration met, the status a report left.
+    const ANSWERS_IN_ONE: bool;
     /// The readiness check.
     const PING: &'static str;
     /// The spelling of `token` (a README token without its braces) with argument `arg`.
@@ -152,7 +147,8 @@ pub trait Dialect: Clone + Send + Sync + Sized + 'static {
         sql: &str,
         args: Vec<Arg>,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-    /// Deletes up to `limit` terminal operations past retention, with their history.
+    /// Deletes up to `limit` terminal operations past retention, with their history,
+    /// through the store's `purge` statement; answers how many operations went.
     fn purge(
         store: &SqlStore<Self>,
         limit: i64,
@@ -174,6 +170,7 @@ fn fragment(name: &str) -> &'static str {
     } } }
     files!(
         "columns",
+        "cleared",
         "lease_ended",
         "fence_read",
         "fence_report",
@@ -192,7 +189,7 @@ fn fragment(name: &str) -> &'static str {
 }
 
 /// Renders `template` for dialect `D`: fragments first, then tokens.
-pub fn render<D: Dialect>(template: &str) -> String {
+fn render<D: Dialect>(template: &str) -> String {
     let mut out = String::with_capacity(template.len() * 2);
     let mut rest = template;
     while let Some(open) = rest.find('{') {
@@ -216,11 +213,10 @@ pub fn render<D: Dialect>(template: &str) -> String {
 }
 
 /// A rendered statement: `clocked` when it reads the clock, bound as `$1`; `method` is the
-/// store method that sends it and `operation` its kind, for its span and error count. Its
-/// table is `operation_events` for `history`, `agent_operations` for every other method.
+/// store method that sends it and `operation` its kind, for its span and error count.
 #[derive(Debug, Clone)]
-pub struct Statement {
-    sql: String,
+pub(super) struct Statement {
+    pub(super) sql: String,
     clocked: bool,
     method: &'static str,
     operation: &'static str,
@@ -241,11 +237,6 @@ impl Statement {
             operation,
         }
     }
-
-    /// The statement as sent, with `$n` parameters.
-    pub fn sql(&self) -> &str {
-        &self.sql
-    }
 }
 
 /// Whether `sql` names parameter `$1` (not `$10`...).
@@ -261,13 +252,11 @@ fn with(template: &str, slot: &str, part: &str) -> String {
 
 /// Every statement of a store, rendered once.
 #[derive(Debug)]
-pub struct Statements {
-    insert: Statement,
-    register: Option<Statement>,
+pub(super) struct Statements {
+    register: Statement,
     get: Statement,
     claim: Statement,
     settle: [Statement; 3],
-    settle_with_previous: Option<[Statement; 3]>,
     renew: Statement,
     list: Statement,
     resolve: [Statement; 5],
@@ -280,6 +269,7 @@ pub struct Statements {
     claim_for_reconcile: Statement,
     find_same_request: Statement,
     backlog_stats: Statement,
+    pub(super) purge: Statement,
     pub(super) outbox: super::outbox::Statements,
 }
 
@@ -297,71 +287,55 @@ const RESOLUTIONS: [&str; 5] = [
     include_str!("sql/resolve_escalate.sql"),
 ];
 
+/// The template of store method `method` for dialect `D`: the dialect's own, else `shared`
+/// (`sql/<method>.sql`).
+pub(super) fn template<D: Dialect>(method: &str, shared: Option<&'static str>) -> &'static str {
+    let own = D::OWN.iter().find(|(name, _)| *name == method);
+    let template = own.map(|(_, sql)| *sql).or(shared);
+    template.unwrap_or_else(|| panic!("no statement for {method}"))
+}
+
+/// The statement of store method `$name` of kind `$operation` for dialect `$d`:
+/// `sql/$name.sql` unless the dialect writes its own; with `own`, only the dialect's own
+/// (`sql/postgres/`, `sql/sqlite/`).
+macro_rules! file {
+    ($d:ident $operation:literal $name:ident) => {{
+        let shared = include_str!(concat!("sql/", stringify!($name), ".sql"));
+        let template = $crate::store::sql::template::<$d>(stringify!($name), Some(shared));
+        Statement::new::<$d>(stringify!($name), $operation, template)
+    }};
+    ($d:ident $operation:literal $name:ident own) => {{
+        let template = $crate::store::sql::template::<$d>(stringify!($name), None);
+        Statement::new::<$d>(stringify!($name), $operation, template)
+    }};
+}
+pub(super) use file;
+
 impl Statements {
     pub(super) fn new<D: Dialect>() -> Self {
         let st = Statement::new::<D>;
-        let update = |m, t: &str| st(m, "UPDATE", t);
-        // The statement of method `$name`, in `sql/$name.sql`.
-        macro_rules! file {
-            ($operation:literal $name:ident) => {{
-                let name = stringify!($name);
-                st(
-                    name,
-                    $operation,
-                    include_str!(concat!("sql/", stringify!($name), ".sql")),
-                )
-            }};
-        }
-        let settle = |template: &str| {
-            SETTLEMENTS.map(|s| update("settle", &with(template, "settlement", s)))
-        };
+        let settle = template::<D>("settle", Some(include_str!("sql/settle.sql")));
         let resolve = include_str!("sql/resolve.sql");
         Self {
-            insert: st("register", "INSERT", "{@insert} RETURNING {@columns}"),
-            register: D::REGISTER.map(|t| st("register", "INSERT", t)),
-            get: file!("SELECT" get),
-            claim: file!("UPDATE" claim),
-            settle: settle(include_str!("sql/settle.sql")),
-            settle_with_previous: D::SETTLE_WITH_PREVIOUS.map(settle),
-            renew: file!("UPDATE" renew),
-            list: file!("SELECT" list),
-            resolve: RESOLUTIONS.map(|r| update("resolve", &with(resolve, "resolution", r))),
-            sweep: update("sweep_expired_leases", D::SWEEP),
-            list_review: file!("SELECT" list_review),
-            search: file!("SELECT" search),
-            queue_stats: file!("SELECT" queue_stats),
-            history: file!("SELECT" history),
-            claim_due: update("claim_due", D::CLAIM_DUE),
-            claim_for_reconcile: file!("UPDATE" claim_for_reconcile),
-            find_same_request: file!("SELECT" find_same_request),
-            backlog_stats: file!("SELECT" backlog_stats),
+            register: file!(D "INSERT" register),
+            get: file!(D "SELECT" get),
+            claim: file!(D "UPDATE" claim),
+            settle: SETTLEMENTS.map(|s| st("settle", "UPDATE", &with(settle, "settlement", s))),
+            renew: file!(D "UPDATE" renew),
+            list: file!(D "SELECT" list),
+            resolve: RESOLUTIONS.map(|r| st("resolve", "UPDATE", &with(resolve, "resolution", r))),
+            sweep: file!(D "UPDATE" sweep_expired_leases own),
+            list_review: file!(D "SELECT" list_review),
+            search: file!(D "SELECT" search),
+            queue_stats: file!(D "SELECT" queue_stats),
+            history: file!(D "SELECT" history),
+            claim_due: file!(D "UPDATE" claim_due own),
+            claim_for_reconcile: file!(D "UPDATE" claim_for_reconcile),
+            find_same_request: file!(D "SELECT" find_same_request),
+            backlog_stats: file!(D "SELECT" backlog_stats),
+            purge: file!(D "DELETE" purge own),
             outbox: super::outbox::Statements::new::<D>(),
         }
-    }
-
-    /// The statements whose cost must not grow with the journal, by the method that runs
-    /// them, for the query plans the benchmark shows (docs/performance.md).
-    pub fn explained(&self) -> Vec<(&'static str, &str)> {
-        let mut all = vec![
-            (
-                "register",
-                self.register.as_ref().unwrap_or(&self.insert).sql(),
-            ),
-            ("settle (succeeded)", self.settle[0].sql()),
-            ("find_same_request", self.find_same_request.sql()),
-            ("sweep_expired_leases", self.sweep.sql()),
-            ("claim_due", self.claim_due.sql()),
-            ("claim_for_reconcile", self.claim_for_reconcile.sql()),
-            ("backlog_stats", self.backlog_stats.sql()),
-            ("history", self.history.sql()),
-            ("list (by status)", self.list.sql()),
-            ("list_review", self.list_review.sql()),
-            ("queue_stats", self.queue_stats.sql()),
-        ];
-        if let Some(settle) = &self.settle_with_previous {
-            all[1].1 = settle[0].sql();
-        }
-        all
     }
 }
 
@@ -424,14 +398,27 @@ impl<D: Dialect> SqlStore<D> {
         self
     }
 
-    /// The clock of this store's statements, shared with its clones (tests move it).
-    pub fn clock(&self) -> &Clock {
-        &self.clock
-    }
-
-    /// The rendered statements.
-    pub fn statements(&self) -> &Statements {
-        &self.statements
+    /// The statements whose cost must not grow with the journal, as this store sends them,
+    /// each named after the method that sends it, for the query plans the benchmark shows
+    /// (docs/performance.md); a report by its first variant (a success).
+    pub fn explained(&self) -> Vec<(&'static str, &str)> {
+        let all = &self.statements;
+        [
+            &all.register,
+            &all.settle[0],
+            &all.find_same_request,
+            &all.sweep,
+            &all.claim_due,
+            &all.claim_for_reconcile,
+            &all.purge,
+            &all.backlog_stats,
+            &all.history,
+            &all.list,
+            &all.list_review,
+            &all.queue_stats,
+        ]
+        .map(|statement| (statement.method, statement.sql.as_str()))
+        .into()
     }
 
     pub(super) fn args(&self, statement: &Statement, mut args: Vec<Arg>) -> Vec<Arg> {
@@ -450,49 +437,39 @@ impl<D: Dialect> SqlStore<D> {
         D::fetch(&self.pool, &statement.sql, self.args(statement, args)).await
     }
 
-    async fn row<R: Decoded>(
+    /// The rows of `statement`, each made a `T` (a record, an event) from its row type `R`.
+    pub(super) async fn decoded<R: Decoded, T: TryFrom<R, Error = StoreError>>(
         &self,
         statement: &Statement,
         args: Vec<Arg>,
-    ) -> Result<Option<R>, StoreError> {
-        Ok(self.rows(statement, args).await?.into_iter().next())
+    ) -> Result<Vec<T>, StoreError> {
+        let rows = self.rows::<R>(statement, args).await?;
+        rows.into_iter().map(T::try_from).collect()
     }
 
-    async fn record(
-        &self,
-        statement: &Statement,
-        args: Vec<Arg>,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        self.row::<OperationRow>(statement, args)
-            .await?
-            .map(OperationRecord::try_from)
-            .transpose()
-    }
-
-    async fn records(
-        &self,
-        statement: &Statement,
-        args: Vec<Arg>,
-    ) -> Result<Vec<OperationRecord>, StoreError> {
-        let rows = self.rows::<OperationRow>(statement, args).await?;
-        rows.into_iter().map(OperationRecord::try_from).collect()
-    }
-
-    /// Runs one store method: `method` names it, `operation` and `collection` are its
-    /// statement's kind and main table. Inside a traced request or reconcile attempt it gets
-    /// a client span (`db.system.name`, `db.operation.name`, `db.collection.name`); a failure
-    /// counts in `opjournal.store.errors`. Background calls without a parent span are counted
-    /// but not traced, so that an idle process sends no traces.
+    /// Runs one store method: `method` names it, `operation` is its statement's kind; its
+    /// table is `operation_events` for `history`, `escalation_outbox` for the outbox's
+    /// methods, none for `ping`, `agent_operations` for every other method. Inside a traced request or reconcile attempt it gets a client span
+    /// (`db.system.name`, `db.operation.name`, `db.collection.name`); a failure counts in
+    /// `opjournal.store.errors`. Background calls without a parent span are counted but not
+    /// traced, so that an idle process sends no traces.
     async fn call<T>(
         &self,
         method: &'static str,
         operation: &'static str,
-        collection: &'static str,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let span = if tracing::Span::current().is_none() {
             tracing::Span::none()
         } else {
+            let collection = match method {
+                "history" => "operation_events",
+                "claim_deliveries" | "record_delivery" | "deliveries" | "outbox_stats" => {
+                    "escalation_outbox"
+                }
+                "ping" => "",
+                _ => "agent_operations",
+            };
             let name = match collection {
                 "" => operation.to_owned(),
                 _ => format!("{operation} {collection}"),
@@ -521,9 +498,33 @@ impl<D: Dialect> SqlStore<D> {
         }
         result
     }
-}
 
-const OPERATIONS: &str = "agent_operations";
+    /// Runs `call`, the work of `statement`'s method, through [`call`](Self::call).
+    pub(super) async fn run<T>(
+        &self,
+        statement: &Statement,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.call(statement.method, statement.operation, call).await
+    }
+
+    /// The row `get` reads (namespace and key in `key`), inside the span of the method that
+    /// needs it.
+    async fn read(&self, key: Vec<Arg>) -> Result<Option<OperationRecord>, StoreError> {
+        let get = &self.statements.get;
+        Ok(self.decoded::<OperationRow, _>(get, key).await?.pop())
+    }
+
+    /// A method that is one statement answering records (at most one: `pop` takes it).
+    async fn many(
+        &self,
+        statement: &Statement,
+        args: Vec<Arg>,
+    ) -> Result<Vec<OperationRecord>, StoreError> {
+        let records = self.decoded::<OperationRow, OperationRecord>(statement, args);
+        self.run(statement, records).await
+    }
+}
 
 /// `Arg::from` for each bindable type: text, integers, seconds, ids.
 macro_rules! arg_from {
@@ -552,11 +553,9 @@ impl<T: Into<String>> From<Option<T>> for Arg {
 
 /// The values of a statement, in parameter order.
 macro_rules! args {
-    ($($value:expr),* $(,)?) => { vec![$(Arg::from($value)),*] };
+    ($($value:expr),* $(,)?) => { vec![$($crate::store::sql::Arg::from($value)),*] };
 }
 pub(super) use args;
-
-const NULL: Option<String> = None;
 
 fn first(value: &str, chars: usize) -> String {
     value.chars().take(chars).collect()
@@ -596,89 +595,46 @@ fn report_args(token: &LeaseToken, settlement: &Settlement) -> (usize, Vec<Arg>)
 
 /// `$2..$11` of the insert.
 fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
-    let (ns, key, action) = (
+    Ok(args![
         new.namespace.as_str(),
         new.operation_key.as_str(),
         new.action_type.as_str(),
-    );
-    let (references, policy) = (json(&new.references)?, json(&new.action_policy)?);
-    let trace = new.trace_context.clone();
-    Ok(args![
-        ns,
-        key,
-        action,
         new.request_hash.to_hex(),
         new.lease,
         new.lease_id,
-        references,
-        policy,
-        trace,
+        json(&new.references)?,
+        json(&new.action_policy)?,
+        new.trace_context.clone(),
         new.attempt.map(|a| a.to_hex())
     ])
 }
 
-impl<D: Dialect> SqlStore<D> {
-    /// Runs `call`, the work of `statement`'s method, through [`call`](Self::call).
-    pub(super) async fn run<T>(
-        &self,
-        statement: &Statement,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let collection = match statement.method {
-            "history" => "operation_events",
-            "claim_deliveries" | "record_delivery" | "deliveries" | "outbox_stats" => {
-                "escalation_outbox"
-            }
-            _ => OPERATIONS,
-        };
-        let (method, operation) = (statement.method, statement.operation);
-        self.call(method, operation, collection, call).await
-    }
-
-    /// A method that is one statement answering at most one record.
-    async fn one(
-        &self,
-        statement: &Statement,
-        args: Vec<Arg>,
-    ) -> Result<Option<OperationRecord>, StoreError> {
-        self.run(statement, self.record(statement, args)).await
-    }
-
-    /// A method that is one statement answering records.
-    async fn many(
-        &self,
-        statement: &Statement,
-        args: Vec<Arg>,
-    ) -> Result<Vec<OperationRecord>, StoreError> {
-        self.run(statement, self.records(statement, args)).await
-    }
-}
-
 #[async_trait]
 impl<D: Dialect> JournalStore for SqlStore<D> {
+    fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
     async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
+        let statement = &self.statements.register;
         let register = async {
-            let Some(statement) = &self.statements.register else {
-                if let Some(record) = self.record(&self.statements.insert, new_args(new)?).await? {
-                    return Ok(Registration::Inserted(record));
-                }
-                let args = args![new.namespace.as_str(), new.operation_key.as_str()];
-                let existing = self.record(&self.statements.get, args).await?;
-                return Ok(existing.map_or(Registration::Raced, Registration::Existing));
-            };
-            let row = self.row::<RegisteredRow>(statement, new_args(new)?).await?;
-            Ok(match row {
-                None => Registration::Raced,
-                Some(RegisteredRow {
-                    row,
-                    inserted: true,
-                }) => Registration::Inserted(row.try_into()?),
-                Some(RegisteredRow { row, .. }) => Registration::Existing(row.try_into()?),
-            })
+            let registered = self.rows::<OperationRow>(statement, new_args(new)?);
+            if let Some(row) = registered.await?.pop() {
+                let inserted = row.inserted;
+                let record = row.try_into()?;
+                return Ok(match inserted {
+                    true => Registration::Inserted(record),
+                    false => Registration::Existing(record),
+                });
+            }
+            if D::ANSWERS_IN_ONE {
+                return Ok(Registration::Raced);
+            }
+            let key = args![new.namespace.as_str(), new.operation_key.as_str()];
+            let existing = self.read(key).await?;
+            Ok(existing.map_or(Registration::Raced, Registration::Existing))
         };
-        let statement = self.statements.register.as_ref();
-        self.run(statement.unwrap_or(&self.statements.insert), register)
-            .await
+        self.run(statement, register).await
     }
 
     async fn get(
@@ -687,7 +643,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         key: &OperationKey,
     ) -> Result<Option<OperationRecord>, StoreError> {
         let args = args![namespace.as_str(), key.as_str()];
-        self.one(&self.statements.get, args).await
+        Ok(self.many(&self.statements.get, args).await?.pop())
     }
 
     async fn claim(&self, claim: &Claim) -> Result<Option<OperationRecord>, StoreError> {
@@ -703,7 +659,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
             claim.lease_id,
             granted_to
         ];
-        self.one(&self.statements.claim, args).await
+        Ok(self.many(&self.statements.claim, args).await?.pop())
     }
 
     async fn settle(
@@ -712,29 +668,27 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         settlement: &Settlement,
     ) -> Result<Option<Settled>, StoreError> {
         let (variant, args) = report_args(token, settlement);
+        let statement = &self.statements.settle[variant];
         let settle = async {
-            if let Some(statements) = &self.statements.settle_with_previous {
-                let row = self.row::<SettledRow>(&statements[variant], args).await?;
-                return row
-                    .map(|row| {
-                        Ok(Settled {
-                            record: row.row.try_into()?,
-                            previous: status(&row.previous_status)?,
-                        })
-                    })
-                    .transpose();
-            }
-            let key = args[..2].to_vec();
-            let Some(before) = self.record(&self.statements.get, key).await? else {
+            // Without a status answered, the one read first (see `JournalStore::settle`).
+            let before = match D::ANSWERS_IN_ONE {
+                true => None,
+                false => match self.read(args[..2].to_vec()).await? {
+                    Some(row) => Some(row.status),
+                    None => return Ok(None),
+                },
+            };
+            let Some(row) = self.rows::<OperationRow>(statement, args).await?.pop() else {
                 return Ok(None);
             };
-            let settled = self.record(&self.statements.settle[variant], args).await?;
-            Ok(settled.map(|record| Settled {
-                record,
-                previous: before.status,
-            }))
+            let answered = row.previous_status.as_deref().map(status).transpose()?;
+            let previous = answered
+                .or(before)
+                .ok_or_else(|| corrupt("previous_status"))?;
+            let record = row.try_into()?;
+            Ok(Some(Settled { record, previous }))
         };
-        self.run(&self.statements.settle[variant], settle).await
+        self.run(statement, settle).await
     }
 
     async fn renew(
@@ -744,7 +698,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
     ) -> Result<Option<OperationRecord>, StoreError> {
         let (ns, key) = (token.namespace.as_str(), token.operation_key.as_str());
         let args = args![ns, key, token.attempt, token.lease_id, lease];
-        self.one(&self.statements.renew, args).await
+        Ok(self.many(&self.statements.renew, args).await?.pop())
     }
 
     async fn list(&self, query: &ListQuery) -> Result<Vec<OperationRecord>, StoreError> {
@@ -752,9 +706,9 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         let end = DateTime::from_timestamp(253_402_300_799, 0).unwrap_or_default();
         let (at, key) = query.after.clone().unwrap_or((end, String::new()));
         let (status, action) = (query.status.map(Status::as_str), query.action_type.as_ref());
-        let action = action.map(|a| a.as_str().to_owned());
+        let (ns, action) = (query.namespace.as_str(), action.map(ActionType::as_str));
         let args = args![
-            query.namespace.as_str(),
+            ns,
             status,
             action,
             D::time_text(at.min(end)),
@@ -772,29 +726,26 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         lookup: Lookup,
     ) -> Result<Option<OperationRecord>, StoreError> {
         let (ns, key) = (expected.namespace.as_str(), expected.operation_key.as_str());
+        let (status, attempt) = (expected.status.as_str(), expected.attempt_count);
+        let (kind, actor) = (attribution.kind.as_str(), first(&attribution.actor, 200));
         let reason = attribution.reason.as_deref().map(|r| first(r, 500));
-        let mut args = args![
-            ns,
-            key,
-            expected.status.as_str(),
-            expected.attempt_count,
-            i32::from(lookup == Lookup::Made),
-            attribution.kind.as_str(),
-            first(&attribution.actor, 200),
-            reason,
-        ];
+        let made = i32::from(lookup == Lookup::Made);
+        let mut args = args![ns, key, status, attempt, made, kind, actor, reason];
         let (variant, values) = match resolution {
             Resolution::Succeeded {
                 external_id,
                 result_json,
             } => (0, args![external_id.clone(), result_json.clone()]),
             Resolution::FailedFinal { error_code } => (1, args![error_code.as_str()]),
-            Resolution::ReleaseForRetry => (2, args![NULL]),
+            Resolution::ReleaseForRetry => (2, Vec::new()),
             Resolution::KeepUnknown { next_check_after } => (3, args![*next_check_after]),
             Resolution::Escalate { reason } => (4, args![reason.as_str()]),
         };
         args.extend(values);
-        self.one(&self.statements.resolve[variant], args).await
+        Ok(self
+            .many(&self.statements.resolve[variant], args)
+            .await?
+            .pop())
     }
 
     async fn sweep_expired_leases(&self, limit: i64, worker: &str) -> Result<u64, StoreError> {
@@ -824,15 +775,16 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
     async fn queue_stats(&self, namespace: &Namespace) -> Result<QueueStats, StoreError> {
         let statement = &self.statements.queue_stats;
         let stats = async {
-            let row = self.row::<QueueRow>(statement, args![namespace.as_str()]);
-            let row = row.await?.ok_or_else(|| corrupt("queue_stats"))?;
+            // Each state's count and oldest time, then the clock (`queue_stats.sql`).
+            let row = self.rows(statement, args![namespace.as_str()]).await?.pop();
+            let row: (_, _, _, _, _, _, _, _, _) = row.ok_or_else(|| corrupt("queue_stats"))?;
             let count = |count, oldest| StateCount { count, oldest };
             Ok(QueueStats {
-                unknown: count(row.unknown, row.oldest_unknown),
-                in_progress: count(row.in_progress, row.oldest_in_progress),
-                due: count(row.due, row.oldest_due),
-                review: count(row.review, row.oldest_review),
-                observed_at: row.observed_at,
+                unknown: count(row.0, row.1),
+                in_progress: count(row.2, row.3),
+                due: count(row.4, row.5),
+                review: count(row.6, row.7),
+                observed_at: row.8,
             })
         };
         self.run(statement, stats).await
@@ -841,13 +793,9 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
     async fn history(&self, query: &HistoryQuery) -> Result<Vec<OperationEvent>, StoreError> {
         let (ns, key) = (query.namespace.as_str(), query.operation_key.as_str());
         let args = args![ns, key, query.after_event_id, query.limit];
-        let history = async {
-            let rows = self
-                .rows::<EventRow>(&self.statements.history, args)
-                .await?;
-            rows.into_iter().map(OperationEvent::try_from).collect()
-        };
-        self.run(&self.statements.history, history).await
+        let statement = &self.statements.history;
+        let events = self.decoded::<EventRow, _>(statement, args);
+        self.run(statement, events).await
     }
 
     async fn claim_due(
@@ -866,49 +814,53 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         hold: Duration,
     ) -> Result<Option<OperationRecord>, StoreError> {
         let args = args![namespace.as_str(), key.as_str(), hold];
-        self.one(&self.statements.claim_for_reconcile, args).await
+        Ok(self
+            .many(&self.statements.claim_for_reconcile, args)
+            .await?
+            .pop())
     }
 
     async fn find_same_request(&self, query: &SameRequest) -> Result<Option<String>, StoreError> {
         let (ns, action) = (query.namespace.as_str(), query.action_type.as_str());
         let (hash, other_than) = (query.request_hash.to_hex(), query.other_than.as_str());
         let args = args![ns, action, hash, other_than, query.window];
-        let find = self.row::<KeyRow>(&self.statements.find_same_request, args);
-        let find = async { Ok(find.await?.map(|row| row.operation_key)) };
-        self.run(&self.statements.find_same_request, find).await
+        let statement = &self.statements.find_same_request;
+        let find = async { Ok(self.rows(statement, args).await?.pop().map(|(key,)| key)) };
+        self.run(statement, find).await
     }
 }
 
 #[async_trait]
 impl<D: Dialect> JournalMaintenance for SqlStore<D> {
     async fn purge(&self, limit: i64) -> Result<u64, StoreError> {
-        self.call("purge", "DELETE", OPERATIONS, D::purge(self, limit))
+        self.run(&self.statements.purge, D::purge(self, limit))
             .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         let ping = D::execute(&self.pool, D::PING, Vec::new());
-        self.call("ping", "SELECT", "", async { ping.await.map(drop) })
+        self.call("ping", "SELECT", async { ping.await.map(drop) })
             .await
     }
 
     async fn backlog_stats(&self) -> Result<BacklogStats, StoreError> {
+        let statement = &self.statements.backlog_stats;
         let stats = async {
-            let row = self.row::<BacklogRow>(&self.statements.backlog_stats, Vec::new());
-            let row = row.await?.ok_or_else(|| corrupt("backlog"))?;
+            let row = self.rows(statement, Vec::new()).await?.pop();
+            let (unknown, oldest, review, oldest_review, overdue, most_overdue) =
+                row.ok_or_else(|| corrupt("backlog"))?;
             Ok(BacklogStats::from_columns(
-                (row.unknown, row.oldest_unknown_seconds),
-                (row.review_queue, row.oldest_review_seconds),
-                (row.overdue, row.most_overdue_seconds),
+                (unknown, oldest),
+                (review, oldest_review),
+                (overdue, most_overdue),
             ))
         };
-        self.run(&self.statements.backlog_stats, stats).await
+        self.run(statement, stats).await
     }
 
     async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError> {
         let analyze = D::analyze_new_tables(&self.pool, min_changes);
-        self.call("analyze_new_tables", "ANALYZE", OPERATIONS, analyze)
-            .await
+        self.call("analyze_new_tables", "ANALYZE", analyze).await
     }
 }
 
@@ -920,7 +872,8 @@ pub(super) fn status(value: &str) -> Result<Status, StoreError> {
     Status::from_db(value).ok_or_else(|| corrupt("status"))
 }
 
-/// A journal row as both backends return it (`{@columns}`).
+/// A journal row as both backends return it (`{@columns}`), with what `register` and `settle`
+/// answer besides.
 #[derive(Debug, sqlx::FromRow)]
 struct OperationRow {
     namespace: String,
@@ -947,6 +900,12 @@ struct OperationRow {
     action_policy: Option<String>,
     trace_context: Option<String>,
     observed_at: DateTime<Utc>,
+    /// `register` only: whether it inserted the row.
+    #[sqlx(default)]
+    inserted: bool,
+    /// `settle` on Postgres only: the status the report left.
+    #[sqlx(default)]
+    previous_status: Option<String>,
 }
 
 impl TryFrom<OperationRow> for OperationRecord {
@@ -994,54 +953,6 @@ impl TryFrom<OperationRow> for OperationRecord {
             observed_at: row.observed_at,
         })
     }
-}
-
-#[derive(Debug, sqlx::FromRow)]
-struct RegisteredRow {
-    #[sqlx(flatten)]
-    row: OperationRow,
-    inserted: bool,
-}
-
-#[derive(Debug, sqlx::FromRow)]
-struct SettledRow {
-    #[sqlx(flatten)]
-    row: OperationRow,
-    previous_status: String,
-}
-
-#[derive(Debug, sqlx::FromRow)]
-struct KeyRow {
-    operation_key: String,
-}
-
-/// One number (`count`).
-#[derive(Debug, sqlx::FromRow)]
-pub(super) struct CountRow {
-    pub(super) count: i64,
-}
-
-#[derive(Debug, sqlx::FromRow)]
-struct BacklogRow {
-    unknown: i64,
-    oldest_unknown_seconds: Option<f64>,
-    review_queue: i64,
-    oldest_review_seconds: Option<f64>,
-    overdue: i64,
-    most_overdue_seconds: Option<f64>,
-}
-
-#[derive(Debug, sqlx::FromRow)]
-struct QueueRow {
-    unknown: i64,
-    oldest_unknown: Option<DateTime<Utc>>,
-    in_progress: i64,
-    oldest_in_progress: Option<DateTime<Utc>>,
-    due: i64,
-    oldest_due: Option<DateTime<Utc>>,
-    review: i64,
-    oldest_review: Option<DateTime<Utc>>,
-    observed_at: DateTime<Utc>,
 }
 
 #[derive(Debug, sqlx::FromRow)]

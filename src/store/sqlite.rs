@@ -32,9 +32,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 
 use super::StoreError;
-use super::sql::{
-    Arg, CountRow, Decoded, Dialect, SqlStore, Statement, arguments, classify_by, run_on,
-};
+use super::sql::{Arg, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
 
 /// The migrations of this backend (`migrations/sqlite/`), embedded in the binary. The
 /// Postgres migrator reads only the files directly in `migrations/`, never this directory.
@@ -66,11 +64,16 @@ const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', coalesce($1, 'now')";
 impl Dialect for Lite {
     type Pool = SqlitePool;
     const SYSTEM: &'static str = "sqlite";
-    const REGISTER: Option<&'static str> = None;
-    const SETTLE_WITH_PREVIOUS: Option<&'static str> = None;
-    const SWEEP: &'static str = include_str!("sql/sqlite/sweep.sql");
-    const CLAIM_DUE: &'static str = include_str!("sql/sqlite/claim_due.sql");
-    const CLAIM_DELIVERIES: &'static str = include_str!("sql/sqlite/claim_deliveries.sql");
+    const OWN: &'static [(&'static str, &'static str)] = &[
+        ("sweep_expired_leases", include_str!("sql/sqlite/sweep.sql")),
+        ("claim_due", include_str!("sql/sqlite/claim_due.sql")),
+        ("purge", include_str!("sql/sqlite/purge.sql")),
+        (
+            "claim_deliveries",
+            include_str!("sql/sqlite/claim_deliveries.sql"),
+        ),
+    ];
+    const ANSWERS_IN_ONE: bool = false;
     // Reads the schema, so that a file that is missing or not yet prepared is not ready.
     const PING: &'static str = "SELECT 1 FROM agent_operations LIMIT 0";
 
@@ -79,7 +82,7 @@ impl Dialect for Lite {
             "now" => format!("{NOW})"),
             "now+" => format!("{NOW}, printf('%+.3f seconds', {arg}))"),
             "now-" => format!("{NOW}, printf('%+.3f seconds', -({arg})))"),
-            "uuid" | "json" | "hash" | "time" | "text" => arg.to_owned(),
+            "cast" => arg.split(' ').next().unwrap_or(arg).to_owned(),
             "dbnow" => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')".to_owned(),
             "age" => format!(
                 "(julianday(strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) - julianday({arg})) * 86400.0"
@@ -101,48 +104,29 @@ impl Dialect for Lite {
 
     run_on!(SqlitePool, sqlx::Sqlite);
 
-    /// SQLite has no data-modifying CTE: the batch, its history and the operations go in one
-    /// short write transaction, taken up front so the batch cannot change under it.
+    /// SQLite has no data-modifying CTE: the batch goes, then its history and its escalation
+    /// events, in one short write transaction taken up front, so that nothing comes in
+    /// between.
     async fn purge(store: &SqliteStore, limit: i64) -> Result<u64, StoreError> {
-        let select = Statement::new::<Lite>(
-            "purge",
-            "DELETE",
-            include_str!("sql/sqlite/purge_select.sql"),
-        );
-        let args = arguments::<sqlx::Sqlite>(store.args(&select, vec![Arg::Int(limit)]))?;
-        let mut tx = store
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(classify)?;
-        let doomed: Vec<CountRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(select.sql()), args)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(classify)?;
-        if doomed.is_empty() {
-            tx.rollback().await.map_err(classify)?;
-            return Ok(0);
-        }
-        let doomed: Vec<i64> = doomed.into_iter().map(|row| row.count).collect();
-        let doomed = serde_json::to_string(&doomed).map_err(|e| StoreError::Other(Box::new(e)))?;
+        let purge = &store.statements.purge;
+        let args = arguments::<sqlx::Sqlite>(store.args(purge, vec![limit.into()]))?;
+        let begin = store.pool.begin_with("BEGIN IMMEDIATE");
+        let mut tx = begin.await.map_err(classify)?;
+        let gone: Vec<(String, String)> =
+            sqlx::query_as_with(sqlx::AssertSqlSafe(purge.sql.as_str()), args)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(classify)?;
+        let keys = serde_json::to_string(&gone).map_err(|e| StoreError::Other(Box::new(e)))?;
         for dependent in [
             include_str!("sql/sqlite/purge_events.sql"),
             include_str!("sql/sqlite/purge_outbox.sql"),
         ] {
-            sqlx::query(dependent)
-                .bind(&doomed)
-                .execute(&mut *tx)
-                .await
-                .map_err(classify)?;
+            let delete = sqlx::query(dependent).bind(&keys).execute(&mut *tx);
+            delete.await.map_err(classify)?;
         }
-        let gone = sqlx::query(include_str!("sql/sqlite/purge_operations.sql"))
-            .bind(&doomed)
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?
-            .rows_affected();
         tx.commit().await.map_err(classify)?;
-        Ok(gone)
+        Ok(gone.len() as u64)
     }
 }
 

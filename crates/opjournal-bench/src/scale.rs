@@ -284,12 +284,7 @@ pub async fn plans(url: &str) -> anyhow::Result<Vec<(String, String, bool)>> {
         .await?;
     let mut plans = Vec::new();
     let store = opjournal::store::PgStore::connect_lazy(url, 1)?;
-    let mut statements: Vec<(&str, String)> = (store.statements().explained().into_iter())
-        .map(|(name, sql)| (name, sql.to_owned()))
-        .collect();
-    let purge = opjournal::store::sql::render::<opjournal::store::postgres::Pg>;
-    statements.push(("purge", purge(opjournal::store::postgres::PURGE)));
-    for (name, sql) in statements {
+    for (name, sql) in store.explained() {
         let prepare = format!("PREPARE bench_plan AS {sql}");
         connection
             .execute(sqlx::AssertSqlSafe(prepare))

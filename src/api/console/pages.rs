@@ -17,9 +17,11 @@ use super::view::{
 };
 use crate::domain::access::{AccessError, Rpc};
 use crate::domain::error::JournalError;
-use crate::domain::model::{DEFAULT_NAMESPACE, Namespace, Status};
-use crate::journal::SearchTerm;
-use crate::reconcile::{ReviewDecision, ReviewFilter};
+use crate::domain::model::{
+    ActionType, Attribution, DEFAULT_NAMESPACE, ExternalId, Namespace, Status,
+};
+use crate::journal::{OperationRef, Page as ListPage, SearchTerm};
+use crate::reconcile::{History, Resolve, ReviewDecision, ReviewFilter, ReviewQueue};
 
 /// Operations per page of the queue and of search results.
 const PAGE_SIZE: i32 = 50;
@@ -152,27 +154,42 @@ pub async fn queue(
             }
         },
     };
-    let filter = ReviewFilter {
-        action_type: query.action_type.trim().to_owned(),
-        min_age: Duration::from_secs(min_age * 60),
-    };
+    let action_type = query.action_type.trim().to_owned();
     let reconciler = &console.reconciler;
     let stats = match reconciler.queue_stats(&namespace).await {
         Ok(stats) => stats,
         Err(error) => return journal_error(&session, error),
     };
-    let listed = reconciler.review_queue(&namespace, &filter, PAGE_SIZE, &query.page);
-    let (records, next) = match listed.await {
+    let command = || {
+        Ok::<_, JournalError>(ReviewQueue {
+            namespace: Namespace::parse(&namespace)?,
+            filter: ReviewFilter {
+                action_type: (!action_type.is_empty())
+                    .then(|| ActionType::parse(&action_type))
+                    .transpose()?,
+                min_age: Duration::from_secs(min_age * 60),
+            },
+            page: ListPage {
+                size: PAGE_SIZE,
+                token: query.page.clone(),
+            },
+        })
+    };
+    let listed = match command() {
+        Ok(command) => reconciler.list_for_review(&command).await,
+        Err(error) => Err(error),
+    };
+    let (records, next) = match listed {
         Ok(page) => page,
         Err(error) => return journal_error(&session, error),
     };
     let here = format!(
         "/queue?namespace={}&action_type={}&min_age={min_age}",
         encode(&namespace),
-        encode(&filter.action_type)
+        encode(&action_type)
     );
     let mut page = QueuePage::new(&session, &namespace);
-    page.action_type = filter.action_type;
+    page.action_type = action_type;
     page.min_age = min_age;
     page.counts = view::counts(&stats);
     page.rows = records.iter().map(Row::of).collect();
@@ -237,15 +254,16 @@ async fn operation_page(
     namespace: &str,
     key: &str,
 ) -> Result<OperationPage, Response> {
+    let operation = OperationRef::new(namespace, key).map_err(|e| journal_error(session, e))?;
     let record = console
         .journal
-        .get(namespace, key)
+        .get(&operation)
         .await
         .map_err(|e| journal_error(session, e))?;
     let mut page = OperationPage::new(session, &record);
     if session.caller.authorize(Rpc::GetOperationHistory).is_ok() {
         page.history = Some(history(console, session, namespace, key).await?);
-        let deliveries = console.reconciler.deliveries(namespace, key).await;
+        let deliveries = console.reconciler.deliveries(&operation).await;
         let deliveries = deliveries.map_err(|e| journal_error(session, e))?;
         page.deliveries = Some(deliveries.iter().map(DeliveryView::of).collect());
     }
@@ -272,9 +290,16 @@ async fn history(
     let mut events = Vec::new();
     let mut token = String::new();
     for _ in 0..HISTORY_PAGES {
+        let command = History {
+            operation: OperationRef::new(namespace, key).map_err(|e| journal_error(session, e))?,
+            page: ListPage {
+                size: HISTORY_PAGE,
+                token,
+            },
+        };
         let page = console
             .reconciler
-            .history(namespace, key, HISTORY_PAGE, &token)
+            .history(&command)
             .await
             .map_err(|e| journal_error(session, e))?;
         events.extend(page.0.iter().map(EventView::of));
@@ -322,24 +347,14 @@ pub async fn resolve(
     if let Some(refusal) = denied(&session, Rpc::ResolveOperation, &form.namespace) {
         return refusal;
     }
-    let decision = match form.decision.as_str() {
-        "succeeded" => ReviewDecision::Succeeded {
-            external_id: form.external_id.trim().to_owned(),
-            result_json: form.result_json.trim().to_owned(),
-        },
-        "failed_final" => ReviewDecision::FailedFinal {
-            error_code: form.error_code.trim().to_owned(),
-        },
-        "release_for_retry" => ReviewDecision::ReleaseForRetry,
-        _ => {
-            return view::error_page(
-                Some(&session),
-                StatusCode::BAD_REQUEST,
-                "Invalid request",
-                "A resolution is succeeded, failed_final or release_for_retry.",
-            );
-        }
-    };
+    if !["succeeded", "failed_final", "release_for_retry"].contains(&form.decision.as_str()) {
+        return view::error_page(
+            Some(&session),
+            StatusCode::BAD_REQUEST,
+            "Invalid request",
+            "A resolution is succeeded, failed_final or release_for_retry.",
+        );
+    }
     let reviewer = match session.caller.reviewer(&session.reviewer()) {
         Ok(reviewer) => reviewer,
         Err(error) => return refused(&session, error),
@@ -347,17 +362,24 @@ pub async fn resolve(
     // Not a number: 0, which the use case refuses as no attempt seen.
     let expected = form.expected_attempt.trim().parse::<i32>().unwrap_or(0);
     let (namespace, key) = (form.namespace.as_str(), form.key.as_str());
-    let resolved = console
-        .reconciler
-        .resolve_by_reviewer(
-            namespace,
-            key,
-            expected,
-            &reviewer,
-            form.reason.trim(),
-            decision,
-        )
-        .await;
+    // The command, its fields parsed as `ResolveOperation`'s are (`api::convert`).
+    let command = || {
+        let operation = OperationRef::new(namespace, key)?;
+        let attribution = Attribution::reviewer(&reviewer, form.reason.trim())?;
+        let decision = match form.decision.as_str() {
+            "succeeded" => ReviewDecision::Succeeded {
+                external_id: ExternalId::parse_optional(form.external_id.trim())?,
+                result_json: form.result_json.trim().to_owned(),
+            },
+            "failed_final" => ReviewDecision::failed_final(form.error_code.trim())?,
+            _ => ReviewDecision::ReleaseForRetry,
+        };
+        Resolve::new(operation, expected, attribution, decision)
+    };
+    let resolved = match command() {
+        Ok(command) => console.reconciler.resolve_by_reviewer(command).await,
+        Err(error) => Err(error),
+    };
     let values = ResolveValues {
         decision: form.decision.clone(),
         external_id: form.external_id.clone(),

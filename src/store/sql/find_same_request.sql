@@ -1,5 +1,5 @@
 SELECT operation_key FROM agent_operations
-WHERE namespace = $2 AND action_type = $3 AND request_hash = {hash $4} AND operation_key <> $5
-  AND (status IN ('pending', 'in_progress', 'unknown')
+WHERE namespace = $2 AND action_type = $3 AND request_hash = {cast $4 char(64)}
+  AND operation_key <> $5 AND (status IN ('pending', 'in_progress', 'unknown')
        OR (status = 'succeeded' AND updated_at > {now- $6}))
 ORDER BY created_at DESC LIMIT 1

@@ -1,2 +1,1 @@
-status = 'failed_final', error_code = $10, lease_until = NULL, unknown_since = NULL,
-next_check_at = NULL, review_required_at = NULL, review_reason = NULL
+status = 'failed_final', error_code = $10, {@cleared}

@@ -1,2 +1,1 @@
-status = 'pending', lease_until = NULL, error_code = 'released_for_retry',
-unknown_since = NULL, next_check_at = NULL, review_required_at = NULL, review_reason = NULL
+status = 'pending', error_code = 'released_for_retry', {@cleared}

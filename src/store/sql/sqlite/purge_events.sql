@@ -1,3 +1,2 @@
-DELETE FROM operation_events WHERE (namespace, operation_key) IN (
-    SELECT namespace, operation_key FROM agent_operations
-    WHERE rowid IN (SELECT value FROM json_each($1)))
+DELETE FROM operation_events
+WHERE (namespace, operation_key) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))

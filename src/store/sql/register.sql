@@ -1,0 +1,1 @@
+{@insert} RETURNING {@columns}, TRUE AS inserted
