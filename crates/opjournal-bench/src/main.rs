@@ -5,8 +5,10 @@
 //! creates; drives N gRPC clients through the real API for a fixed time; runs pgbench on the
 //! reference SQL of `crates/opjournal-bench/pgbench/` against the same Postgres in the same run; prints the
 //! journal's figures as ratios to pgbench's, checks them against the targets and writes
-//! everything to a JSON report. With `--preload N` it repeats the run on a journal holding
-//! N operations and shows the hot-path query plans there. See docs/performance.md.
+//! everything to a JSON report. With `--high-clients N` (64 by default) the lifecycle, its
+//! open loop and pgbench run again at N clients; with `--preload N` it repeats the run on a
+//! journal holding N operations and shows the hot-path query plans there. See
+//! docs/performance.md.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -42,6 +44,11 @@ struct Args {
     /// Concurrent clients (each with its own connection), for the journal and for pgbench.
     #[arg(long, default_value_t = 16)]
     clients: usize,
+    /// A second client count: pgbench's scripts, the journal's lifecycle and its open loop
+    /// run again with this many clients, on a new empty journal; 0 skips them. Postgres must
+    /// allow this many connections and a few more (`max_connections`).
+    #[arg(long, default_value_t = 64)]
+    high_clients: usize,
     /// Measured seconds of each closed-loop and open-loop run.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
@@ -64,7 +71,8 @@ struct Args {
     /// percent of its operations past retention).
     #[arg(long, default_value_t = 1000)]
     purge_batch: i64,
-    /// Database pool of the server; default: one connection per client.
+    /// Database pool of the server in every run; default: one connection per client of the
+    /// run (`--clients`, `--high-clients`).
     #[arg(long)]
     max_connections: Option<u32>,
     /// pgbench to run.
@@ -91,16 +99,33 @@ struct Args {
 /// The targets of the journal's performance, as ratios where a baseline exists.
 const TARGET_LIFECYCLE_TO_MINIMAL: f64 = 0.8;
 const TARGET_LIFECYCLE_TO_ARTICLE: f64 = 1.0;
+const TARGET_HIGH_LIFECYCLE_TO_MINIMAL: f64 = 1.0;
+const TARGET_POSTGRES_CPU_TO_MINIMAL: f64 = 1.5;
+const TARGET_REPLAY_TO_MINIMAL: f64 = 1.0;
 const TARGET_REPLAY_TO_LIFECYCLE: f64 = 2.0;
 const TARGET_BEGIN_P99_MS: f64 = 10.0;
-const TARGET_SCALE_P99_RATIO: f64 = 1.2;
+const TARGET_SCALE_RATIO: f64 = 1.2;
 const TARGET_RSS_MIB: f64 = 64.0;
+
+/// pgbench's scripts (in `--reference-sql`).
+const MINIMAL: &str = "minimal-lifecycle.sql";
+const ARTICLE: &str = "seed-lifecycle.sql";
+
+/// Connections to Postgres a run needs besides its server's pool and pgbench's clients:
+/// the benchmark's own pool on the journal (2), an administration connection (1), the
+/// reference table's connection while pgbench runs (1), and the reconcile worker's pool
+/// (`OPJOURNAL_MAX_CONNECTIONS`' default, 10) during the backlog.
+const OTHER_CONNECTIONS: u32 = 2 + 1 + 1 + 10;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
     opjournal::app::install_crypto_provider();
     anyhow::ensure!(args.clients > 0, "--clients must be at least 1");
+    anyhow::ensure!(
+        args.high_clients != args.clients,
+        "--high-clients must differ from --clients (0 skips the second client count)"
+    );
     anyhow::ensure!(
         args.duration.is_finite() && args.duration >= 1.0,
         "--duration must be a number of seconds, at least 1"
@@ -194,6 +219,40 @@ struct JournalRun {
     checkpoints: i64,
 }
 
+/// What the run at `--high-clients` measured, on a journal of its own.
+struct HighRun {
+    clients: usize,
+    lifecycle: RunResult,
+    open_loop: RunResult,
+    rss: Value,
+    checkpoints: i64,
+}
+
+impl HighRun {
+    fn errors(&self) -> u64 {
+        self.lifecycle.errors + self.open_loop.errors
+    }
+
+    fn to_json(&self) -> Value {
+        let mut runs = BTreeMap::new();
+        for result in [&self.lifecycle, &self.open_loop] {
+            runs.insert(result.name.clone(), result.to_json());
+        }
+        json!({
+            "clients": self.clients,
+            "runs": runs,
+            "server_memory": self.rss,
+            "checkpoints_during_run": self.checkpoints,
+        })
+    }
+}
+
+impl JournalRun {
+    fn errors(&self) -> u64 {
+        self.lifecycle.errors + self.replay.errors + self.conflict.errors + self.open_loop.errors
+    }
+}
+
 impl Bench {
     fn new(args: Args, run_id: String, dir: PathBuf) -> Self {
         Self {
@@ -214,32 +273,37 @@ impl Bench {
             "settings".into(),
             json!({
                 "clients": self.args.clients,
+                "high_clients": self.args.high_clients,
                 "duration_seconds": self.args.duration,
                 "warmup_seconds": self.args.warmup,
                 "open_loop_share": self.args.open_loop_share,
                 "backlog": self.args.backlog,
                 "preload": self.args.preload,
-                "server_max_connections": self.max_connections(),
+                "server_max_connections": self.max_connections(self.args.clients),
+                "server_max_connections_high": (self.args.high_clients > 0)
+                    .then(|| self.max_connections(self.args.high_clients)),
             }),
         );
 
-        let references = if self.args.no_pgbench {
-            Vec::new()
+        // Each client count's pgbench runs just before the journal's at the same count, so
+        // both sides of a ratio are measured within the same few minutes.
+        let reference_url = if self.args.no_pgbench {
+            None
         } else {
-            let url = self.create_database("ref").await?;
-            eprintln!("[bench] pgbench on the reference SQL");
-            reference::run(
-                &self.args.pgbench,
-                &self.args.reference_sql,
-                &url,
-                self.args.clients,
-                self.args
-                    .pgbench_threads
-                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
-                Duration::from_secs_f64(self.args.warmup),
-                Duration::from_secs_f64(self.args.duration),
-            )
-            .await?
+            Some(self.create_database("ref").await?)
+        };
+        let mut references = self
+            .references(reference_url.as_deref(), self.args.clients)
+            .await?;
+        let empty = self.journal_run("empty").await?;
+        let high = if self.args.high_clients > 0 {
+            references.extend(
+                self.references(reference_url.as_deref(), self.args.high_clients)
+                    .await?,
+            );
+            Some(self.high_run("high").await?)
+        } else {
+            None
         };
         self.report.insert(
             "pgbench".into(),
@@ -250,17 +314,31 @@ impl Bench {
                     .collect(),
             ),
         );
-
-        let empty = self.journal_run("empty").await?;
         let scaled = if self.args.preload > 0 {
             Some(self.scale_run().await?)
         } else {
             None
         };
 
-        let targets = targets(&references, &empty, scaled.as_ref().map(|s| &s.0));
-        print_results(&references, &empty, scaled.as_ref().map(|s| &s.0), &targets);
+        let targets = targets(
+            &self.args,
+            &references,
+            &empty,
+            high.as_ref(),
+            scaled.as_ref().map(|s| &s.0),
+        );
+        print_results(
+            self.args.clients,
+            &references,
+            &empty,
+            high.as_ref(),
+            scaled.as_ref().map(|s| &s.0),
+            &targets,
+        );
         self.report.insert("empty".into(), journal_json(&empty));
+        if let Some(high) = &high {
+            self.report.insert("high_clients".into(), high.to_json());
+        }
         if let Some((run, extra)) = &scaled {
             let mut value = journal_json(run);
             if let (Some(map), Value::Object(extra)) = (value.as_object_mut(), extra) {
@@ -289,16 +367,9 @@ impl Bench {
         .with_context(|| format!("cannot write {}", self.args.report.display()))?;
         println!("\nReport: {}", self.args.report.display());
 
-        let errors = empty.lifecycle.errors
-            + empty.replay.errors
-            + empty.conflict.errors
-            + empty.open_loop.errors
-            + scaled.as_ref().map_or(0, |s| {
-                s.0.lifecycle.errors
-                    + s.0.replay.errors
-                    + s.0.conflict.errors
-                    + s.0.open_loop.errors
-            });
+        let errors = empty.errors()
+            + high.as_ref().map_or(0, HighRun::errors)
+            + scaled.as_ref().map_or(0, |s| s.0.errors());
         if errors > 0 {
             println!("FAILED: {errors} calls got an answer other than the one promised");
             return Ok(std::process::ExitCode::FAILURE);
@@ -306,10 +377,51 @@ impl Bench {
         Ok(std::process::ExitCode::SUCCESS)
     }
 
-    fn max_connections(&self) -> u32 {
+    /// pgbench's scripts at `clients` on the reference database `url`; none without it
+    /// (`--no-pgbench`).
+    async fn references(
+        &self,
+        url: Option<&str>,
+        clients: usize,
+    ) -> anyhow::Result<Vec<reference::Reference>> {
+        let Some(url) = url else {
+            return Ok(Vec::new());
+        };
+        eprintln!("[bench] pgbench on the reference SQL, {clients} clients");
+        reference::run(
+            &self.args.pgbench,
+            &self.args.reference_sql,
+            url,
+            clients,
+            self.args
+                .pgbench_threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+            Duration::from_secs_f64(self.args.warmup),
+            Duration::from_secs_f64(self.args.duration),
+        )
+        .await
+    }
+
+    /// The server's database pool for a run of `clients` clients.
+    fn max_connections(&self, clients: usize) -> u32 {
         self.args
             .max_connections
-            .unwrap_or_else(|| u32::try_from(self.args.clients).unwrap_or(u32::MAX))
+            .unwrap_or_else(|| u32::try_from(clients).unwrap_or(u32::MAX))
+    }
+
+    /// Connections to Postgres the largest run needs at once: its server's pool or
+    /// pgbench's clients, whichever is more, and the others of [`OTHER_CONNECTIONS`].
+    fn connections_needed(&self) -> u32 {
+        let clients = self.args.clients.max(self.args.high_clients);
+        let pool = self
+            .max_connections(self.args.clients)
+            .max(if self.args.high_clients > 0 {
+                self.max_connections(self.args.high_clients)
+            } else {
+                0
+            });
+        pool.max(u32::try_from(clients).unwrap_or(u32::MAX))
+            .saturating_add(OTHER_CONNECTIONS)
     }
 
     /// The machine and Postgres the figures were taken on.
@@ -326,7 +438,36 @@ impl Bench {
         let shared_buffers: String = sqlx::query_scalar("SHOW shared_buffers")
             .fetch_one(&mut admin)
             .await?;
+        let (max_connections, reserved, in_use): (i32, i32, i64) = sqlx::query_as(
+            "SELECT current_setting('max_connections')::int, \
+                    current_setting('superuser_reserved_connections')::int, \
+                    (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
+        )
+        .fetch_one(&mut admin)
+        .await?;
         admin.close().await.ok();
+        let needed = i64::from(self.connections_needed());
+        let allowed = i64::from(max_connections) - i64::from(reserved);
+        if needed > allowed {
+            bail!(
+                "Postgres allows {max_connections} connections, {reserved} of them reserved for \
+                 superusers; the run at {} clients needs about {needed} at once (its server's \
+                 pool or pgbench's clients, and {OTHER_CONNECTIONS} more): raise \
+                 max_connections to {} or more (ALTER SYSTEM SET max_connections, then restart \
+                 Postgres), or lower --high-clients (0 skips the second client count)",
+                self.args.clients.max(self.args.high_clients),
+                needed + i64::from(reserved),
+            );
+        }
+        // `in_use` counts this benchmark's own connection, closed since.
+        let others = in_use - 1;
+        if needed > allowed - others {
+            eprintln!(
+                "[bench] warning: Postgres allows {allowed} connections outside the superuser \
+                 reserve, {others} are in use by others, and the largest run needs about \
+                 {needed}: it fails with \"too many clients\" unless they close"
+            );
+        }
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
             .and_then(|info| {
@@ -342,6 +483,9 @@ impl Bench {
             "postgres": version,
             "synchronous_commit": synchronous_commit,
             "shared_buffers": shared_buffers,
+            "max_connections": max_connections,
+            "connections_in_use_at_start": in_use,
+            "connections_needed": needed,
             "load_average_at_start": std::fs::read_to_string("/proc/loadavg")
                 .unwrap_or_default().trim(),
         }))
@@ -385,8 +529,9 @@ impl Bench {
         admin.close().await.ok();
     }
 
-    /// Starts the sandbox provider and a server on a new journal database.
-    async fn start_stand(&mut self, label: &str) -> anyhow::Result<Stand> {
+    /// Starts the sandbox provider and a server on a new journal database, with a database
+    /// pool of `max_connections`.
+    async fn start_stand(&mut self, label: &str, max_connections: u32) -> anyhow::Result<Stand> {
         let journal_url = self.create_database(label).await?;
         let dir = self.dir.join(label);
         std::fs::create_dir_all(&dir)?;
@@ -404,7 +549,7 @@ impl Bench {
             &policy,
             opjournal::children::payments_policy_yaml(&sandbox_url, "opjournal-bench"),
         )?;
-        let max_connections = self.max_connections().to_string();
+        let max_connections = max_connections.to_string();
         let policy_arg = policy.display().to_string();
         let (server, server_address) = Process::start(
             "opjournal",
@@ -445,7 +590,9 @@ impl Bench {
 
     /// Every journal scenario on a new, empty journal.
     async fn journal_run(&mut self, label: &str) -> anyhow::Result<JournalRun> {
-        let stand = self.start_stand(label).await?;
+        let stand = self
+            .start_stand(label, self.max_connections(self.args.clients))
+            .await?;
         let run = self.scenarios(&stand, label).await;
         let run = match run {
             Ok(mut run) => {
@@ -463,13 +610,41 @@ impl Bench {
         run
     }
 
-    /// The scenarios, in order, on a running stand.
-    async fn scenarios(&self, stand: &Stand, label: &str) -> anyhow::Result<JournalRun> {
-        let args = &self.args;
-        let warmup = Duration::from_secs_f64(args.warmup);
-        let duration = Duration::from_secs_f64(args.duration);
-        let channels = load::connect_all(&stand.server_address, args.clients).await?;
-        let run: Arc<str> = format!("{}{label}", self.run_id).into();
+    /// The lifecycle and its open loop at `--high-clients`, on a new, empty journal whose
+    /// server's pool has one connection per client (or `--max-connections`).
+    async fn high_run(&mut self, label: &str) -> anyhow::Result<HighRun> {
+        let clients = self.args.high_clients;
+        let stand = self
+            .start_stand(label, self.max_connections(clients))
+            .await?;
+        let run = async {
+            let channels = load::connect_all(&stand.server_address, clients).await?;
+            let run: Arc<str> = format!("{}{label}", self.run_id).into();
+            let checkpoints_at_start = self.prepare(&stand, &channels, &run, label).await?;
+            let lifecycle = self.lifecycle(&stand, &channels, &run, label).await;
+            let open_loop = self.open_loop(&channels, &run, label, &lifecycle).await;
+            Ok::<_, anyhow::Error>(HighRun {
+                clients,
+                lifecycle,
+                open_loop,
+                rss: rss(stand.server.id()),
+                checkpoints: checkpoints(&stand.pool).await - checkpoints_at_start,
+            })
+        }
+        .await;
+        stand.stop().await;
+        run
+    }
+
+    /// Starts a journal's runs: a checkpoint, then a first batch of operations and
+    /// `ANALYZE`. Returns the cluster's checkpoint count once checkpointed.
+    async fn prepare(
+        &self,
+        stand: &Stand,
+        channels: &[tonic::transport::Channel],
+        run: &Arc<str>,
+        label: &str,
+    ) -> anyhow::Result<i64> {
         // Each run starts from a checkpoint, as pgbench's runs do (when the role may).
         checkpoint(&stand.pool).await;
         let checkpoints_at_start = checkpoints(&stand.pool).await;
@@ -482,9 +657,9 @@ impl Bench {
         eprintln!("[bench] {label}: first operations, then ANALYZE");
         load::closed_loop(
             "prime",
-            &channels,
+            channels,
             Duration::ZERO,
-            warmup.max(Duration::from_secs(1)),
+            Duration::from_secs_f64(self.args.warmup).max(Duration::from_secs(1)),
             new_key_lifecycles(run.clone(), "p"),
         )
         .await;
@@ -492,19 +667,76 @@ impl Bench {
             .pool
             .execute("ANALYZE agent_operations, operation_events")
             .await?;
+        Ok(checkpoints_at_start)
+    }
 
-        eprintln!("[bench] {label}: lifecycle, {} clients", args.clients);
+    /// The closed loop of lifecycles (Begin of a new key, then Complete) from every client
+    /// of `channels`, with the CPU it cost.
+    async fn lifecycle(
+        &self,
+        stand: &Stand,
+        channels: &[tonic::transport::Channel],
+        run: &Arc<str>,
+        label: &str,
+    ) -> RunResult {
+        eprintln!("[bench] {label}: lifecycle, {} clients", channels.len());
         let server_pid = stand.server.id();
         let before = cpu::Snapshot::take(server_pid);
         let mut lifecycle = load::closed_loop(
             "lifecycle",
-            &channels,
-            warmup,
-            duration,
+            channels,
+            Duration::from_secs_f64(self.args.warmup),
+            Duration::from_secs_f64(self.args.duration),
             new_key_lifecycles(run.clone(), "l"),
         )
         .await;
         lifecycle.cpu = Some(before.since(&cpu::Snapshot::take(server_pid), lifecycle.all_calls));
+        lifecycle
+    }
+
+    /// Lifecycles sent on a fixed schedule at `--open-loop-share` of `lifecycle`'s
+    /// throughput, spread over `channels`.
+    async fn open_loop(
+        &self,
+        channels: &[tonic::transport::Channel],
+        run: &Arc<str>,
+        label: &str,
+        lifecycle: &RunResult,
+    ) -> RunResult {
+        let rate = (lifecycle.throughput() * self.args.open_loop_share).max(1.0);
+        eprintln!(
+            "[bench] {label}: open loop at {rate:.0} lifecycles/s over {} clients",
+            channels.len()
+        );
+        let run = run.clone();
+        load::open_loop(
+            "open_loop",
+            channels,
+            rate,
+            Duration::from_secs_f64(self.args.warmup),
+            Duration::from_secs_f64(self.args.duration),
+            4096,
+            move |channel, n, intended, recorder: Recorder| {
+                let key = calls::key(&run, "o", 0, n);
+                async move {
+                    calls::lifecycle(channel, "", key, calls::payload(n, 0), intended, recorder)
+                        .await
+                }
+            },
+        )
+        .await
+    }
+
+    /// The scenarios, in order, on a running stand.
+    async fn scenarios(&self, stand: &Stand, label: &str) -> anyhow::Result<JournalRun> {
+        let args = &self.args;
+        let warmup = Duration::from_secs_f64(args.warmup);
+        let duration = Duration::from_secs_f64(args.duration);
+        let channels = load::connect_all(&stand.server_address, args.clients).await?;
+        let run: Arc<str> = format!("{}{label}", self.run_id).into();
+        let checkpoints_at_start = self.prepare(stand, &channels, &run, label).await?;
+        let server_pid = stand.server.id();
+        let lifecycle = self.lifecycle(stand, &channels, &run, label).await;
         // Every key the lifecycle run completed, per client, for replays and conflicts.
         let completed_per_client = {
             let rows: Vec<(String,)> = sqlx::query_as(
@@ -565,27 +797,7 @@ impl Bench {
             .await
         };
 
-        let rate = (lifecycle.throughput() * args.open_loop_share).max(1.0);
-        eprintln!("[bench] {label}: open loop at {rate:.0} lifecycles/s");
-        let open_loop = {
-            let run = run.clone();
-            load::open_loop(
-                "open_loop",
-                &channels,
-                rate,
-                warmup,
-                duration,
-                4096,
-                move |channel, n, intended, recorder: Recorder| {
-                    let key = calls::key(&run, "o", 0, n);
-                    async move {
-                        calls::lifecycle(channel, "", key, calls::payload(n, 0), intended, recorder)
-                            .await
-                    }
-                },
-            )
-            .await
-        };
+        let open_loop = self.open_loop(&channels, &run, label, &lifecycle).await;
 
         eprintln!("[bench] {label}: reconcile backlog of {}", args.backlog);
         let reconcile = self.reconcile(stand, &channels, &run).await?;
@@ -738,7 +950,9 @@ impl Bench {
     /// query plans.
     async fn scale_run(&mut self) -> anyhow::Result<(JournalRun, Value)> {
         let label = "scaled";
-        let stand = self.start_stand(label).await?;
+        let stand = self
+            .start_stand(label, self.max_connections(self.args.clients))
+            .await?;
         // One real registration, whose recorded action policy the preload copies.
         let channels = load::connect_all(&stand.server_address, 1).await?;
         let (outcome, _) = calls::lifecycle(
@@ -865,98 +1079,208 @@ fn rss(pid: Option<u32>) -> Value {
 
 /// One target: the figure, the bound and whether it holds.
 struct Target {
-    name: &'static str,
+    /// The number of the performance target it checks (1 to 6), or none for one kept from
+    /// the targets before them.
+    number: Option<u8>,
+    name: String,
     value: Option<f64>,
     bound: &'static str,
     met: Option<bool>,
 }
 
 impl Target {
+    /// A target whose `value`, when measured, `holds` or not.
+    fn new(
+        number: Option<u8>,
+        name: String,
+        value: Option<f64>,
+        bound: &'static str,
+        holds: impl Fn(f64) -> bool,
+    ) -> Self {
+        Self {
+            number,
+            name,
+            value,
+            bound,
+            met: value.map(holds),
+        }
+    }
+
     fn to_json(&self) -> Value {
-        json!({"target": self.name, "value": self.value, "bound": self.bound, "met": self.met})
+        json!({
+            "number": self.number,
+            "target": self.name,
+            "value": self.value,
+            "bound": self.bound,
+            "met": self.met,
+        })
     }
 }
 
+/// pgbench's figures of `script` at `clients`, if it ran.
+fn reference<'a>(
+    references: &'a [reference::Reference],
+    script: &str,
+    clients: usize,
+) -> Option<&'a reference::Reference> {
+    references
+        .iter()
+        .find(|r| r.script == script && r.clients == clients)
+}
+
+/// Postgres's CPU milliseconds per operation in a run's CPU figures, if measured.
+fn postgres_ms(cpu: Option<&Value>) -> Option<f64> {
+    cpu.and_then(|cpu| cpu["postgres_ms_per_op"].as_f64())
+        .filter(|ms| *ms > 0.0)
+}
+
+/// Every target, measured on the runs of this benchmark (`None` where a run was skipped).
 fn targets(
+    args: &Args,
     references: &[reference::Reference],
     empty: &JournalRun,
+    high: Option<&HighRun>,
     scaled: Option<&JournalRun>,
 ) -> Vec<Target> {
-    let tps = |script: &str| {
-        references
-            .iter()
-            .find(|r| r.script == script)
+    let (clients, high_clients) = (args.clients, args.high_clients);
+    let tps = |script: &str, clients: usize| {
+        reference(references, script, clients)
             .map(|r| r.tps)
+            .filter(|tps| *tps > 0.0)
     };
     let lifecycle = empty.lifecycle.throughput();
-    let ratio_to = |base: Option<f64>| base.filter(|b| *b > 0.0).map(|b| lifecycle / b);
-    let to_minimal = ratio_to(tps("minimal-lifecycle.sql"));
-    let to_article = ratio_to(tps("seed-lifecycle.sql"));
-    let replay = (lifecycle > 0.0).then(|| empty.replay.throughput() / lifecycle);
-    // Calls the open loop could not send are not in its latencies: with any, the server did
+    let to_minimal = tps(MINIMAL, clients).map(|b| lifecycle / b);
+    let to_article = tps(ARTICLE, clients).map(|b| lifecycle / b);
+    let high_to_minimal =
+        high.and_then(|h| tps(MINIMAL, high_clients).map(|b| h.lifecycle.throughput() / b));
+    // Calls an open loop could not send are not in its latencies: with any, the server did
     // not keep up with half its rate and the target is not met whatever the p99 says.
+    let high_p99 = high.and_then(|h| h.open_loop.percentile_ms("begin", 0.99));
+    let high_kept_up = high.is_some_and(|h| h.open_loop.dropped == 0);
+    let cpu_to_minimal = postgres_ms(empty.lifecycle.cpu.as_ref()).and_then(|journal| {
+        postgres_ms(reference(references, MINIMAL, clients).and_then(|r| r.cpu.as_ref()))
+            .map(|minimal| journal / minimal)
+    });
+    let replay_to_minimal = tps(MINIMAL, clients).map(|b| empty.replay.throughput() / b);
+    let replay_to_lifecycle = (lifecycle > 0.0).then(|| empty.replay.throughput() / lifecycle);
     let begin_p99 = empty.open_loop.percentile_ms("begin", 0.99);
     let kept_up = empty.open_loop.dropped == 0;
-    let scale = scaled.and_then(|s| {
+    let scale_throughput = scaled.and_then(|s| {
+        let loaded = s.lifecycle.throughput();
+        (loaded > 0.0).then(|| lifecycle / loaded)
+    });
+    let scale_p99 = scaled.and_then(|s| {
         let loaded = s.open_loop.percentile_ms("begin", 0.99)?;
         Some(loaded / begin_p99?)
     });
-    let peak = |run: &JournalRun| run.rss.get("peak_rss_mib").and_then(Value::as_f64);
-    let rss = match scaled.and_then(peak) {
-        Some(loaded) => peak(empty).map(|e| e.max(loaded)).or(Some(loaded)),
-        None => peak(empty),
-    };
+    let scale_kept_up = scaled.is_some_and(|s| s.open_loop.dropped == 0);
+    let peak = |rss: &Value| rss.get("peak_rss_mib").and_then(Value::as_f64);
+    let rss = [
+        peak(&empty.rss),
+        high.and_then(|h| peak(&h.rss)),
+        scaled.and_then(|s| peak(&s.rss)),
+    ]
+    .into_iter()
+    .flatten()
+    .reduce(f64::max);
     vec![
-        Target {
-            name: "lifecycle / pgbench minimal SQL",
-            value: to_minimal,
-            bound: ">= 0.8",
-            met: to_minimal.map(|v| v >= TARGET_LIFECYCLE_TO_MINIMAL),
-        },
-        Target {
-            name: "lifecycle / pgbench article SQL",
-            value: to_article,
-            bound: "> 1",
-            met: to_article.map(|v| v > TARGET_LIFECYCLE_TO_ARTICLE),
-        },
-        Target {
-            name: "replay / lifecycle",
-            value: replay,
-            bound: ">= 2",
-            met: replay.map(|v| v >= TARGET_REPLAY_TO_LIFECYCLE),
-        },
-        Target {
-            name: "Begin p99 at half the lifecycle rate, ms",
-            value: begin_p99,
-            bound: "< 10",
-            met: begin_p99.map(|v| kept_up && v < TARGET_BEGIN_P99_MS),
-        },
-        Target {
-            name: "Begin p99 preloaded / empty",
-            value: scale,
-            bound: "<= 1.2",
-            met: scale.map(|v| v <= TARGET_SCALE_P99_RATIO),
-        },
-        Target {
-            name: "server peak RSS, MiB",
-            value: rss,
-            bound: "< 64",
-            met: rss.map(|v| v < TARGET_RSS_MIB),
-        },
+        Target::new(
+            Some(1),
+            format!("lifecycle / pgbench minimal, {clients} clients"),
+            to_minimal,
+            ">= 0.8",
+            |v| v >= TARGET_LIFECYCLE_TO_MINIMAL,
+        ),
+        Target::new(
+            Some(1),
+            format!("lifecycle / pgbench article SQL, {clients} clients"),
+            to_article,
+            "> 1",
+            |v| v > TARGET_LIFECYCLE_TO_ARTICLE,
+        ),
+        Target::new(
+            Some(2),
+            format!("lifecycle / pgbench minimal, {high_clients} clients"),
+            high_to_minimal,
+            ">= 1",
+            |v| v >= TARGET_HIGH_LIFECYCLE_TO_MINIMAL,
+        ),
+        Target::new(
+            Some(2),
+            format!("Begin p99 at half that rate, {high_clients} clients, ms"),
+            high_p99,
+            "< 10",
+            |v| high_kept_up && v < TARGET_BEGIN_P99_MS,
+        ),
+        Target::new(
+            Some(3),
+            "Postgres CPU per lifecycle / per minimal txn".to_owned(),
+            cpu_to_minimal,
+            "<= 1.5",
+            |v| v <= TARGET_POSTGRES_CPU_TO_MINIMAL,
+        ),
+        Target::new(
+            Some(4),
+            format!("replay / pgbench minimal, {clients} clients"),
+            replay_to_minimal,
+            ">= 1",
+            |v| v >= TARGET_REPLAY_TO_MINIMAL,
+        ),
+        Target::new(
+            Some(5),
+            "lifecycle throughput empty / preloaded".to_owned(),
+            scale_throughput,
+            "<= 1.2",
+            |v| v <= TARGET_SCALE_RATIO,
+        ),
+        Target::new(
+            Some(5),
+            "Begin p99 preloaded / empty".to_owned(),
+            scale_p99,
+            "<= 1.2",
+            |v| scale_kept_up && v <= TARGET_SCALE_RATIO,
+        ),
+        Target::new(
+            Some(6),
+            "server peak RSS over every run, MiB".to_owned(),
+            rss,
+            "< 64",
+            |v| v < TARGET_RSS_MIB,
+        ),
+        Target::new(
+            None,
+            "replay / lifecycle".to_owned(),
+            replay_to_lifecycle,
+            ">= 2",
+            |v| v >= TARGET_REPLAY_TO_LIFECYCLE,
+        ),
+        Target::new(
+            None,
+            format!("Begin p99 at half the lifecycle rate, {clients} clients, ms"),
+            begin_p99,
+            "< 10",
+            |v| kept_up && v < TARGET_BEGIN_P99_MS,
+        ),
     ]
 }
 
 fn print_header(args: &Args, machine: &Value) {
+    let high = if args.high_clients > 0 {
+        format!(" (lifecycle and open loop also at {})", args.high_clients)
+    } else {
+        String::new()
+    };
     println!(
-        "opjournal-bench: {} clients, {} s measured after {} s warm-up per run",
+        "opjournal-bench: {} clients{high}, {} s measured after {} s warm-up per run",
         args.clients, args.duration, args.warmup
     );
     println!(
-        "machine: {} CPUs ({}), Postgres {}, synchronous_commit={}, load average at start {}\n",
+        "machine: {} CPUs ({}), Postgres {}, synchronous_commit={}, max_connections={}, load average at start {}\n",
         machine["cpus"],
         machine["cpu"].as_str().unwrap_or(""),
         machine["postgres"].as_str().unwrap_or(""),
         machine["synchronous_commit"].as_str().unwrap_or(""),
+        machine["max_connections"],
         machine["load_average_at_start"].as_str().unwrap_or(""),
     );
 }
@@ -965,9 +1289,70 @@ fn fmt_ms(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
 }
 
+/// One row of a journal run's table: throughput, its ratio to pgbench minimal at the same
+/// client count, and the latencies of `stage`.
+fn print_row(name: &str, result: &RunResult, stage: &str, minimal: Option<f64>) {
+    // An open loop's throughput is its schedule: no ratio.
+    let ratio = minimal
+        .filter(|m| *m > 0.0 && result.target_rate.is_none())
+        .map_or_else(
+            || "-".to_owned(),
+            |m| format!("{:.2}", result.throughput() / m),
+        );
+    let name = if result.target_rate.is_some() {
+        format!("{name} @ {:.0}/s", result.target_rate.unwrap_or(0.0))
+    } else {
+        name.to_owned()
+    };
+    println!(
+        "  {:<42} {:>10.0} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        name,
+        result.throughput(),
+        ratio,
+        fmt_ms(result.percentile_ms(stage, 0.50)),
+        fmt_ms(result.percentile_ms(stage, 0.99)),
+        fmt_ms(result.percentile_ms(stage, 0.999)),
+        result.errors + result.dropped,
+    );
+}
+
+fn print_run_header(title: &str) {
+    println!(
+        "{:<44} {:>10} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        title, "ops/s", "x min.", "p50 ms", "p99 ms", "p99.9 ms", "errors"
+    );
+}
+
+/// The notes under a run's rows: open-loop calls not sent, CPU per operation, first errors.
+fn print_run_notes(open_loop: &RunResult, cpu_runs: &[(&str, &RunResult)], all: &[&RunResult]) {
+    if open_loop.dropped > 0 {
+        println!(
+            "  ! open loop: {} calls not sent (4096 outstanding): the server fell behind",
+            open_loop.dropped
+        );
+    }
+    for (what, result) in cpu_runs {
+        if let Some(cpu) = &result.cpu {
+            println!(
+                "  CPU ms per {what}: server {:.3}, Postgres {:.3}, benchmark clients {:.3}",
+                cpu["server_ms_per_op"].as_f64().unwrap_or(0.0),
+                cpu["postgres_ms_per_op"].as_f64().unwrap_or(0.0),
+                cpu["clients_ms_per_op"].as_f64().unwrap_or(0.0),
+            );
+        }
+    }
+    for result in all {
+        if let Some(error) = &result.first_error {
+            println!("  ! {}: {error}", result.name);
+        }
+    }
+}
+
 fn print_results(
+    clients: usize,
     references: &[reference::Reference],
     empty: &JournalRun,
+    high: Option<&HighRun>,
     scaled: Option<&JournalRun>,
     targets: &[Target],
 ) {
@@ -977,13 +1362,19 @@ fn print_results(
             "pgbench (same Postgres)", "ops/s", "mean ms"
         );
         for r in references {
-            println!("  {:<42} {:>10.0} {:>10.2}", r.script, r.tps, r.latency_ms);
+            println!(
+                "  {:<42} {:>10.0} {:>10.2}",
+                format!("{}, {} clients", r.script, r.clients),
+                r.tps,
+                r.latency_ms
+            );
         }
         for r in references {
             if let Some(cpu) = &r.cpu {
                 println!(
-                    "  CPU ms per {}: Postgres {:.3}, pgbench {:.3}",
+                    "  CPU ms per {} at {} clients: Postgres {:.3}, pgbench {:.3}",
                     r.script,
+                    r.clients,
                     cpu["postgres_ms_per_op"].as_f64().unwrap_or(0.0),
                     cpu["clients_ms_per_op"].as_f64().unwrap_or(0.0),
                 );
@@ -991,25 +1382,13 @@ fn print_results(
         }
         println!();
     }
-    let minimal = references
-        .iter()
-        .find(|r| r.script == "minimal-lifecycle.sql")
-        .map(|r| r.tps);
+    let minimal = |clients: usize| reference(references, MINIMAL, clients).map(|r| r.tps);
     let mut runs = vec![("empty journal", empty)];
     if let Some(scaled) = scaled {
         runs.push(("preloaded journal", scaled));
     }
-    for (title, run) in runs {
-        println!(
-            "{:<44} {:>10} {:>8} {:>8} {:>8} {:>8} {:>7}",
-            format!("journal, {title}"),
-            "ops/s",
-            "x min.",
-            "p50 ms",
-            "p99 ms",
-            "p99.9 ms",
-            "errors"
-        );
+    for (i, (title, run)) in runs.into_iter().enumerate() {
+        print_run_header(&format!("journal, {title}, {clients} clients"));
         let rows: [(&str, &RunResult, &str); 4] = [
             ("lifecycle (Begin + Complete)", &run.lifecycle, "lifecycle"),
             ("replay (Begin, succeeded key)", &run.replay, "call"),
@@ -1017,28 +1396,7 @@ fn print_results(
             ("open loop of lifecycles: Begin", &run.open_loop, "begin"),
         ];
         for (name, result, stage) in rows {
-            // An open loop's throughput is its schedule: no ratio.
-            let ratio = minimal
-                .filter(|m| *m > 0.0 && result.target_rate.is_none())
-                .map_or_else(
-                    || "-".to_owned(),
-                    |m| format!("{:.2}", result.throughput() / m),
-                );
-            let name = if result.target_rate.is_some() {
-                format!("{name} @ {:.0}/s", result.target_rate.unwrap_or(0.0))
-            } else {
-                name.to_owned()
-            };
-            println!(
-                "  {:<42} {:>10.0} {:>8} {:>8} {:>8} {:>8} {:>7}",
-                name,
-                result.throughput(),
-                ratio,
-                fmt_ms(result.percentile_ms(stage, 0.50)),
-                fmt_ms(result.percentile_ms(stage, 0.99)),
-                fmt_ms(result.percentile_ms(stage, 0.999)),
-                result.errors + result.dropped,
-            );
+            print_row(name, result, stage, minimal(clients));
         }
         println!(
             "  {:<42} {:>10.0}   ({} operations drained in {:.1} s)",
@@ -1066,38 +1424,54 @@ fn print_results(
                 times.join(" / ")
             );
         }
-        if run.open_loop.dropped > 0 {
-            println!(
-                "  ! open loop: {} calls not sent (4096 outstanding): the server fell behind",
-                run.open_loop.dropped
-            );
-        }
-        for (what, result) in [("lifecycle", &run.lifecycle), ("replay", &run.replay)] {
-            if let Some(cpu) = &result.cpu {
-                println!(
-                    "  CPU ms per {what}: server {:.3}, Postgres {:.3}, benchmark clients {:.3}",
-                    cpu["server_ms_per_op"].as_f64().unwrap_or(0.0),
-                    cpu["postgres_ms_per_op"].as_f64().unwrap_or(0.0),
-                    cpu["clients_ms_per_op"].as_f64().unwrap_or(0.0),
-                );
-            }
-        }
-        for result in [&run.lifecycle, &run.replay, &run.conflict, &run.open_loop] {
-            if let Some(error) = &result.first_error {
-                println!("  ! {}: {error}", result.name);
-            }
-        }
+        print_run_notes(
+            &run.open_loop,
+            &[("lifecycle", &run.lifecycle), ("replay", &run.replay)],
+            &[&run.lifecycle, &run.replay, &run.conflict, &run.open_loop],
+        );
         println!();
+        // The run at the second client count came right after the empty journal's.
+        if let (0, Some(high)) = (i, high) {
+            print_run_header(&format!("journal, empty journal, {} clients", high.clients));
+            print_row(
+                "lifecycle (Begin + Complete)",
+                &high.lifecycle,
+                "lifecycle",
+                minimal(high.clients),
+            );
+            print_row(
+                "open loop of lifecycles: Begin",
+                &high.open_loop,
+                "begin",
+                minimal(high.clients),
+            );
+            println!(
+                "  {:<42} {:>10}",
+                "server peak RSS, MiB",
+                fmt_ms(high.rss["peak_rss_mib"].as_f64())
+            );
+            println!(
+                "  {:<42} {:>10}",
+                "Postgres checkpoints during the runs", high.checkpoints
+            );
+            print_run_notes(
+                &high.open_loop,
+                &[("lifecycle", &high.lifecycle)],
+                &[&high.lifecycle, &high.open_loop],
+            );
+            println!();
+        }
     }
-    println!("{:<44} {:>10} {:>8}", "target", "value", "bound");
+    println!("{:<59} {:>10} {:>8}", "target", "value", "bound");
     for t in targets {
         let verdict = match t.met {
             Some(true) => "met",
             Some(false) => "NOT MET",
             None => "not measured",
         };
+        let number = t.number.map_or_else(|| "-".to_owned(), |n| n.to_string());
         println!(
-            "  {:<42} {:>10} {:>8}  {verdict}",
+            "  {number:>2} {:<54} {:>10} {:>8}  {verdict}",
             t.name,
             fmt_ms(t.value),
             t.bound
@@ -1125,4 +1499,132 @@ fn journal_json(run: &JournalRun) -> Value {
         "purge_batch_ms": run.purge_ms,
         "checkpoints_during_run": run.checkpoints,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A run of `ok` operations in one second, its `begin` stage all at `begin_ms`.
+    fn result(name: &str, ok: u64, begin_ms: f64, dropped: u64, postgres_ms: f64) -> RunResult {
+        let mut begin = hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).unwrap();
+        begin.record((begin_ms * 1000.0) as u64).unwrap();
+        RunResult {
+            name: name.to_owned(),
+            ok,
+            errors: 0,
+            dropped,
+            seconds: 1.0,
+            latencies: BTreeMap::from([("begin", begin)]),
+            first_error: None,
+            target_rate: None,
+            all_calls: ok,
+            cpu: Some(json!({ "postgres_ms_per_op": postgres_ms })),
+        }
+    }
+
+    fn journal(lifecycle: u64, replay: u64, begin_ms: f64, rss: f64) -> JournalRun {
+        JournalRun {
+            lifecycle: result("lifecycle", lifecycle, 1.0, 0, 0.4),
+            replay: result("replay", replay, 1.0, 0, 0.1),
+            conflict: result("conflict", replay, 1.0, 0, 0.1),
+            open_loop: result("open_loop", lifecycle / 2, begin_ms, 0, 0.4),
+            reconcile: Value::Null,
+            rss: json!({ "peak_rss_mib": rss }),
+            purge_ms: Vec::new(),
+            checkpoints: 0,
+        }
+    }
+
+    fn pgbench(script: &str, clients: usize, tps: f64, postgres_ms: f64) -> reference::Reference {
+        reference::Reference {
+            script: script.to_owned(),
+            clients,
+            tps,
+            latency_ms: 1.0,
+            failed: 0,
+            cpu: Some(json!({ "postgres_ms_per_op": postgres_ms })),
+        }
+    }
+
+    fn by_number(targets: &[Target], number: u8) -> Vec<&Target> {
+        targets
+            .iter()
+            .filter(|t| t.number == Some(number))
+            .collect()
+    }
+
+    #[test]
+    fn each_ratio_is_taken_against_pgbench_at_the_same_client_count() {
+        let args = Args::parse_from(["opjournal-bench"]);
+        let references = [
+            pgbench(MINIMAL, 16, 1000.0, 0.2),
+            pgbench(ARTICLE, 16, 500.0, 0.5),
+            pgbench(MINIMAL, 64, 2000.0, 0.2),
+            pgbench(ARTICLE, 64, 800.0, 0.5),
+        ];
+        let empty = journal(900, 1200, 4.0, 30.0);
+        let high = HighRun {
+            clients: 64,
+            lifecycle: result("lifecycle", 1500, 1.0, 0, 0.4),
+            open_loop: result("open_loop", 750, 12.0, 0, 0.4),
+            rss: json!({ "peak_rss_mib": 70.0 }),
+            checkpoints: 0,
+        };
+        let scaled = journal(800, 1200, 4.4, 20.0);
+        let targets = targets(&args, &references, &empty, Some(&high), Some(&scaled));
+
+        let one = by_number(&targets, 1);
+        assert_eq!(one[0].value, Some(0.9));
+        assert_eq!(one[0].met, Some(true));
+        assert_eq!(one[1].value, Some(1.8));
+        let two = by_number(&targets, 2);
+        assert_eq!(two[0].value, Some(0.75));
+        assert_eq!(two[0].met, Some(false));
+        assert_eq!(two[1].met, Some(false), "a 12 ms p99 is over 10");
+        let three = by_number(&targets, 3);
+        assert!((three[0].value.unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(three[0].met, Some(false));
+        let four = by_number(&targets, 4);
+        assert_eq!(four[0].value, Some(1.2));
+        assert_eq!(four[0].met, Some(true));
+        let five = by_number(&targets, 5);
+        assert_eq!(five[0].value, Some(900.0 / 800.0));
+        assert_eq!(five[0].met, Some(true));
+        assert!((five[1].value.unwrap() - 1.1).abs() < 0.01);
+        assert_eq!(five[1].met, Some(true));
+        // The highest peak of every server, the 64-client one's here.
+        let six = by_number(&targets, 6);
+        assert_eq!(six[0].value, Some(70.0));
+        assert_eq!(six[0].met, Some(false));
+    }
+
+    #[test]
+    fn a_skipped_run_leaves_its_targets_unmeasured_and_unsent_calls_fail_them() {
+        let args = Args::parse_from(["opjournal-bench", "--high-clients", "0"]);
+        let references = [pgbench(MINIMAL, 16, 1000.0, 0.2)];
+        let mut empty = journal(900, 1200, 4.0, 30.0);
+        empty.open_loop.dropped = 3;
+        let targets = targets(&args, &references, &empty, None, None);
+        for number in [2, 5] {
+            for target in by_number(&targets, number) {
+                assert_eq!(target.value, None, "{}", target.name);
+                assert_eq!(target.met, None, "{}", target.name);
+            }
+        }
+        let article = &by_number(&targets, 1)[1];
+        assert_eq!(article.met, None, "no article script ran");
+        let kept = targets
+            .iter()
+            .find(|t| t.name.starts_with("Begin p99 at half the lifecycle rate"))
+            .unwrap();
+        assert!((kept.value.unwrap() - 4.0).abs() < 0.01);
+        assert_eq!(
+            kept.met,
+            Some(false),
+            "calls left unsent fail the p99 target"
+        );
+    }
 }

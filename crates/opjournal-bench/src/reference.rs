@@ -12,6 +12,8 @@ use sqlx::{Connection as _, Executor as _, PgConnection};
 pub struct Reference {
     /// Script file name (`minimal-lifecycle.sql`, `seed-lifecycle.sql`).
     pub script: String,
+    /// pgbench's clients (`-c`), each with its own connection.
+    pub clients: usize,
     /// Transactions of the script per second (one operation's lifecycle each), excluding
     /// connection set-up, as pgbench reports it.
     pub tps: f64,
@@ -28,6 +30,7 @@ impl Reference {
     pub fn to_json(&self) -> Value {
         json!({
             "script": self.script,
+            "clients": self.clients,
             "tps": self.tps,
             "latency_ms": self.latency_ms,
             "failed": self.failed,
@@ -42,9 +45,9 @@ pub fn default_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("pgbench")
 }
 
-/// Creates the reference table in `url`'s database from `schema.sql`, then runs each script
-/// for `duration` with `clients` connections and `threads` pgbench threads, emptying the
-/// table before each.
+/// Creates the reference table in `url`'s database from `schema.sql` (dropping any left by
+/// an earlier call), then runs each script for `duration` with `clients` connections and
+/// `threads` pgbench threads, emptying the table before each.
 ///
 /// Errors: pgbench is missing or fails; the schema cannot be created.
 pub async fn run(
@@ -105,6 +108,7 @@ pub async fn run(
             );
         }
         let mut figure = parse(script, &stdout)?;
+        figure.clients = clients;
         anyhow::ensure!(
             figure.failed == 0,
             "pgbench {script}: {} transactions failed:\n{stdout}",
@@ -126,6 +130,7 @@ fn parse(script: &str, stdout: &str) -> anyhow::Result<Reference> {
         .with_context(|| format!("no tps in pgbench's output:\n{stdout}"))?;
     Ok(Reference {
         script: script.to_owned(),
+        clients: 0,
         tps,
         latency_ms: number_after(stdout, "latency average = ").unwrap_or(f64::NAN),
         failed: number_after(stdout, "number of failed transactions: ").unwrap_or(0.0) as u64,

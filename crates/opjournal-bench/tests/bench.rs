@@ -19,6 +19,7 @@ async fn one_command_reports_every_figure_with_ratios_to_pgbench() {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal-bench"))
         .args(["--database-url", &admin_url()])
         .args(["--clients", "2", "--duration", "1", "--warmup", "0.5"])
+        .args(["--high-clients", "4"])
         .args([
             "--backlog",
             "40",
@@ -45,8 +46,16 @@ async fn one_command_reports_every_figure_with_ratios_to_pgbench() {
         "replay (Begin, succeeded key)",
         "conflict (same key, other payload)",
         "reconcile worker on an unknown backlog",
-        "lifecycle / pgbench minimal SQL",
+        "minimal-lifecycle.sql, 4 clients",
+        "journal, empty journal, 4 clients",
+        "lifecycle / pgbench minimal, 2 clients",
+        "lifecycle / pgbench minimal, 4 clients",
+        "Begin p99 at half that rate, 4 clients, ms",
+        "Postgres CPU per lifecycle / per minimal txn",
+        "replay / pgbench minimal, 2 clients",
+        "lifecycle throughput empty / preloaded",
         "Begin p99 preloaded / empty",
+        "server peak RSS over every run, MiB",
         "server peak RSS, MiB",
     ] {
         assert!(stdout.contains(line), "no {line:?} in\n{stdout}");
@@ -54,10 +63,30 @@ async fn one_command_reports_every_figure_with_ratios_to_pgbench() {
 
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let pgbench = report["pgbench"].as_array().unwrap();
-    assert_eq!(pgbench.len(), 2);
+    // Both scripts at both client counts.
+    assert_eq!(pgbench.len(), 4);
     for script in pgbench {
         assert!(script["tps"].as_f64().unwrap() > 0.0, "{script}");
+        assert!(
+            script["cpu"]["postgres_ms_per_op"].as_f64().is_some(),
+            "{script}"
+        );
     }
+    let clients: Vec<u64> = pgbench
+        .iter()
+        .map(|s| s["clients"].as_u64().unwrap())
+        .collect();
+    assert_eq!(clients, [2, 2, 4, 4]);
+    // The second client count: the lifecycle and its open loop, every answer checked.
+    let high = &report["high_clients"];
+    assert_eq!(high["clients"], 4, "{high}");
+    for run in ["lifecycle", "open_loop"] {
+        let run = &high["runs"][run];
+        assert!(run["ok"].as_u64().unwrap() > 0, "{run}");
+        assert_eq!(run["errors"], 0, "{run}");
+        assert!(!run["latency"].as_object().unwrap().is_empty(), "{run}");
+    }
+    assert!(high["server_memory"]["peak_rss_mib"].as_f64().unwrap() > 0.0);
     for journal in ["empty", "preloaded"] {
         let runs = &report[journal]["runs"];
         for run in ["lifecycle", "replay", "conflict", "open_loop"] {
@@ -85,10 +114,17 @@ async fn one_command_reports_every_figure_with_ratios_to_pgbench() {
     }
     assert_eq!(report["preloaded"]["operations"].as_i64().unwrap(), 30_001);
     let targets = report["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 6);
+    assert_eq!(targets.len(), 11);
     for target in targets {
         assert!(target["value"].as_f64().is_some(), "{target}");
+        assert!(target["met"].is_boolean(), "{target}");
     }
+    // The six performance targets, each one there.
+    let numbers: std::collections::BTreeSet<u64> = targets
+        .iter()
+        .filter_map(|t| t["number"].as_u64())
+        .collect();
+    assert_eq!(numbers, (1..=6).collect());
 
     // The hot path's plans on the preloaded journal: every statement uses an index.
     let plans = report["preloaded"]["plans"].as_array().unwrap();
