@@ -1,5 +1,6 @@
-//! Compiles `proto/` with protox (no system `protoc`) and generates the tonic/prost code.
-//! The encoded descriptor set is written next to the generated code for gRPC reflection.
+//! The descriptor set the server's gRPC reflection serves (`proto::FILE_DESCRIPTOR_SET`):
+//! the protos of `proto/` the server exposes, compiled with protox (no system `protoc`). The
+//! Rust code generated from them is the `opjournal-proto` crate's, shared with the client.
 
 use std::{env, fs, path::PathBuf};
 
@@ -19,10 +20,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("opjournal_descriptor.bin"),
         descriptors.encode_to_vec(),
     )?;
-
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -1,5 +1,4 @@
-//! Generated messages and gRPC client stubs of package `opjournal.v1` (`journal.proto`).
+//! The protocol's messages and gRPC client stubs, package `opjournal.v1`: the
+//! `opjournal-proto` crate, without its server stubs.
 
-#![allow(missing_docs, clippy::all)]
-
-tonic::include_proto!("opjournal.v1");
+pub use opjournal_proto::*;
