@@ -821,3 +821,45 @@ async fn the_queue_shows_the_webhook_outbox_to_callers_of_every_namespace(pool: 
     assert_eq!(count("count-webhook-dead"), 0);
     assert!(queue.body.contains("oldest waiting"));
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn requests_the_console_cannot_read_get_its_own_page_and_change_nothing(pool: PgPool) {
+    let console = ConsoleApp::spawn(pool).await;
+    console.escalated_email(KEY, Some(ORCHESTRATOR)).await;
+    let visitor = Visitor::new(&console.url);
+    visitor.sign_in("token", ALICE).await;
+
+    // A query parameter given twice: refused before any handler, as the console's page.
+    let twice = visitor.get("/queue?namespace=shop&namespace=other").await;
+    assert_eq!(twice.status, 400);
+    assert!(twice.body.contains("Invalid request"), "{}", twice.body);
+    assert!(twice.body.contains("<html"), "a page, not axum's text");
+    // A search mode the form does not offer is refused, not searched as a key.
+    let bogus = visitor.get("/search?namespace=shop&by=bogus&q=x").await;
+    assert_eq!(bogus.status, 400);
+    assert!(
+        bogus.body.contains(r#"id="search-problem""#),
+        "{}",
+        bogus.body
+    );
+    // A form over the size limit: 413, the console's page, nothing resolved.
+    let csrf = visitor.csrf().await;
+    let huge = "x".repeat(4 * 1024 * 1024);
+    let form: Vec<_> = resolve_form(&csrf, "1", "succeeded", "found in the provider's dashboard")
+        .into_iter()
+        .map(|(name, value)| match name {
+            "result_json" => (name, huge.as_str()),
+            _ => (name, value),
+        })
+        .collect();
+    let too_large = visitor.post("/operation/resolve", &form).await;
+    assert_eq!(too_large.status, 413);
+    assert!(
+        too_large.body.contains("Request too large"),
+        "{}",
+        too_large.body
+    );
+    assert_untouched(&console).await;
+    // The server keeps serving.
+    assert_eq!(visitor.get("/queue").await.status, 200);
+}

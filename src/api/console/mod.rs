@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderName, HeaderValue, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::{get, post};
 use tokio::net::{TcpListener, TcpStream};
@@ -125,10 +125,38 @@ pub fn router(journal: Journal, reconciler: Reconciler, options: &ConsoleOptions
         .route("/sign-out", post(session::sign_out))
         .route("/assets/{name}", get(assets::serve))
         .fallback(pages::not_found)
+        .layer(axum::middleware::map_response(rejection_pages))
         .layer(axum::middleware::map_response(security_headers))
         .layer(axum::middleware::from_fn(session::refuse_cross_site))
         .layer(DefaultBodyLimit::max(options.max_form_bytes))
         .with_state(console)
+}
+
+/// Requests refused before a handler ran (a query parameter repeated or malformed, a form
+/// over `max_form_bytes`) get axum's plain-text answer; the console answers them with its own
+/// page instead, keeping the status (400, 413, 415, 422).
+async fn rejection_pages(response: Response) -> Response {
+    let status = response.status();
+    let plain_text = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/plain"));
+    if !status.is_client_error() || !plain_text {
+        return response;
+    }
+    let (heading, message) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "Request too large",
+            "The form is larger than the console accepts. Nothing was changed.",
+        ),
+        _ => (
+            "Invalid request",
+            "The request's fields could not be read (one given twice, or malformed). \
+             Nothing was changed.",
+        ),
+    };
+    view::error_page(None, status, heading, message)
 }
 
 /// Headers on every answer: no caching of pages, no framing, no sniffing, no referrer, and

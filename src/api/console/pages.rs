@@ -497,7 +497,13 @@ pub async fn search(
                 return page.with_status(StatusCode::BAD_REQUEST);
             }
         },
-        _ => SearchTerm::OperationKey(query.to_owned()),
+        "" | "key" => SearchTerm::OperationKey(query.to_owned()),
+        _ => {
+            page.problem =
+                Some("Search by key, external_id or reference (the form's choices).".into());
+            page.by = "key".to_owned();
+            return page.with_status(StatusCode::BAD_REQUEST);
+        }
     };
     page.searched = true;
     match console.journal.search(&namespace, &term, PAGE_SIZE).await {
