@@ -869,26 +869,36 @@ async fn a_claimed_due_operation_is_hidden_from_other_claims(fx: &Fixture) {
     );
 }
 
-async fn two_reconcile_claimers_never_claim_one_operation_twice(fx: &Fixture) {
-    for i in 0..40 {
-        fx.unknown(&format!("k{i:02}")).await;
-    }
+/// Runs `claimers` tasks, alternating between the fixture's store and a second store on the
+/// same database, each calling `claim` (one batch) until a batch comes back empty; answers
+/// what every one of them claimed.
+async fn claimed_by_concurrent_claimers<T, F, Fut>(
+    fx: &Fixture,
+    claimers: usize,
+    claim: F,
+) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(Arc<dyn JournalStore>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Vec<T>> + Send,
+{
     let second = fx.second_store();
     let mut tasks = Vec::new();
-    for i in 0..8 {
+    for i in 0..claimers {
         let store = if i % 2 == 0 {
             fx.store.clone()
         } else {
             second.clone()
         };
+        let claim = claim.clone();
         tasks.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             loop {
-                let batch = store.claim_due(3, HOLD).await.unwrap();
+                let batch = claim(store.clone()).await;
                 if batch.is_empty() {
                     return mine;
                 }
-                mine.extend(batch.into_iter().map(|r| r.operation_key.to_string()));
+                mine.extend(batch);
             }
         }));
     }
@@ -896,6 +906,21 @@ async fn two_reconcile_claimers_never_claim_one_operation_twice(fx: &Fixture) {
     for task in tasks {
         claims.extend(task.await.unwrap());
     }
+    claims
+}
+
+async fn two_reconcile_claimers_never_claim_one_operation_twice(fx: &Fixture) {
+    for i in 0..40 {
+        fx.unknown(&format!("k{i:02}")).await;
+    }
+    let claims = claimed_by_concurrent_claimers(fx, 8, |store| async move {
+        let batch = store.claim_due(3, HOLD).await.unwrap();
+        batch
+            .into_iter()
+            .map(|r| r.operation_key.to_string())
+            .collect()
+    })
+    .await;
     let distinct: BTreeSet<_> = claims.iter().cloned().collect();
     assert_eq!(claims.len(), 40, "every operation claimed exactly once");
     assert_eq!(distinct.len(), 40);
@@ -2597,29 +2622,11 @@ async fn two_delivery_workers_never_claim_one_event_twice(fx: &Fixture) {
     for i in 0..20 {
         fx.escalated(&format!("k{i:02}")).await;
     }
-    let second = fx.second_store();
-    let mut tasks = Vec::new();
-    for i in 0..6 {
-        let store = if i % 2 == 0 {
-            fx.store.clone()
-        } else {
-            second.clone()
-        };
-        tasks.push(tokio::spawn(async move {
-            let mut mine = Vec::new();
-            loop {
-                let batch = store.claim_deliveries(3, HOLD).await.unwrap();
-                if batch.is_empty() {
-                    return mine;
-                }
-                mine.extend(batch.into_iter().map(|e| e.event.event_id));
-            }
-        }));
-    }
-    let mut claims = Vec::new();
-    for task in tasks {
-        claims.extend(task.await.unwrap());
-    }
+    let claims = claimed_by_concurrent_claimers(fx, 6, |store| async move {
+        let batch = store.claim_deliveries(3, HOLD).await.unwrap();
+        batch.into_iter().map(|e| e.event.event_id).collect()
+    })
+    .await;
     let distinct: BTreeSet<_> = claims.iter().copied().collect();
     assert_eq!(claims.len(), 20, "every event claimed exactly once");
     assert_eq!(distinct.len(), 20);
