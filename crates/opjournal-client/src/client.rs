@@ -167,14 +167,7 @@ impl JournalClient {
         let started = Instant::now();
         let bound = self.begin_retry_for;
         (|| self.begin_once(intent, attempt))
-            .retry(
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(100))
-                    .with_max_delay(Duration::from_secs(2))
-                    .with_total_delay(Some(bound))
-                    .without_max_times()
-                    .with_jitter(),
-            )
+            .retry(repeat_backoff(bound))
             // No repeat starts once the bound has passed, however long each try took.
             .when(|err| {
                 matches!(
@@ -187,7 +180,6 @@ impl JournalClient {
             })
             .await
     }
-
     /// One `BeginOperation` call.
     async fn begin_once(&self, intent: &Intent, attempt: &AttemptId) -> Result<Begun, ClientError> {
         let request = self.request(proto::BeginOperationRequest {
@@ -331,4 +323,15 @@ impl JournalClient {
         self.answer(self.reconciler.clone().reconcile_operation(request))
             .await
     }
+}
+
+/// The backoff of a repeated call (a Begin with its attempt id, a report with its lease
+/// token): 100 ms doubling to 2 s, jittered, for at most `bound` in all.
+pub(crate) fn repeat_backoff(bound: Duration) -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
+        .with_total_delay(Some(bound))
+        .without_max_times()
+        .with_jitter()
 }

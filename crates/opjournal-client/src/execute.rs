@@ -21,12 +21,12 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
-use backon::{ExponentialBuilder, Retryable as _};
+use backon::Retryable as _;
 use futures::FutureExt as _;
 use tokio::sync::watch;
 use tonic::Code;
 
-use crate::client::JournalClient;
+use crate::client::{JournalClient, repeat_backoff};
 use crate::error::{ClientError, ErrorReason};
 use crate::executed::Executed;
 use crate::intent::{AttemptId, Begun, Intent, Lease};
@@ -349,14 +349,7 @@ impl JournalClient {
         let started = Instant::now();
         let bound = self.report_retry_for;
         report
-            .retry(
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(100))
-                    .with_max_delay(Duration::from_secs(2))
-                    .with_total_delay(Some(bound))
-                    .without_max_times()
-                    .with_jitter(),
-            )
+            .retry(repeat_backoff(bound))
             // No repeat starts once the bound has passed, however long each try took.
             .when(|err| err.is_transient() && started.elapsed() < bound)
             .notify(|err, _| {
