@@ -16,6 +16,7 @@ use crate::journal::{Journal, RequestLimits};
 use crate::reconcile::adapter::AdapterError;
 use crate::reconcile::worker::{Worker, WorkerConfig};
 use crate::reconcile::{AdapterSet, Reconciler};
+use crate::store::GroupCommit;
 use crate::store::{JournalStore, StoreError};
 pub mod database;
 
@@ -72,6 +73,16 @@ pub fn load_policy(config: &Config) -> Result<Policy, PolicyError> {
     }
 }
 
+/// The group commit `config` asks for: `group_commit_lanes` per kind of write, at most
+/// `(max_connections - 1) / 2` (at least one); `None` when it is `0`.
+fn group_commit(config: &Config) -> Option<GroupCommit> {
+    let spare = (config.max_connections.saturating_sub(1) / 2).max(1) as usize;
+    (config.group_commit_lanes > 0).then(|| GroupCommit {
+        lanes: config.group_commit_lanes.min(spare),
+        ..GroupCommit::default()
+    })
+}
+
 /// Builds the components, recording into `metrics`; connects lazily, so the database may
 /// still be down (and, on SQLite, the file may not exist yet: see [`prepare_database`]).
 ///
@@ -79,7 +90,8 @@ pub fn load_policy(config: &Config) -> Result<Policy, PolicyError> {
 pub fn build(config: &Config, metrics: &Metrics) -> Result<Components, StartError> {
     let policy = Arc::new(load_policy(config)?);
     let adapters = AdapterSet::from_policy(&policy)?;
-    let database = Database::connect_lazy(&config.database_url, config.max_connections)?;
+    let database = Database::connect_lazy(&config.database_url, config.max_connections)?
+        .with_group_commit(group_commit(config));
     let mut parts = components_with_telemetry(
         database,
         policy,

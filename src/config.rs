@@ -34,6 +34,12 @@ pub struct Config {
     pub policy_file: Option<PathBuf>,
     /// Largest database pool per process (`OPJOURNAL_MAX_CONNECTIONS`).
     pub max_connections: u32,
+    /// Postgres group commit (`OPJOURNAL_GROUP_COMMIT_LANES`): how many batches of
+    /// registrations, and as many of reports, run at once, each one statement and one commit
+    /// for every call that queued while the previous ones ran; `0` sends every call alone.
+    /// At most `(max_connections - 1) / 2` are used, so that reads always find a connection.
+    /// Ignored on SQLite. Default 2.
+    pub group_commit_lanes: usize,
     /// Seconds between readiness checks of the database.
     pub readiness_interval_seconds: f64,
     /// Seconds between NOT_SERVING and closing the listener on SIGTERM.
@@ -277,6 +283,7 @@ impl Default for Config {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
             policy_file: None,
             max_connections: 10,
+            group_commit_lanes: 2,
             readiness_interval_seconds: 2.0,
             drain_delay_seconds: 0.0,
             log_format: LogFormat::Text,

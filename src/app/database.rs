@@ -16,7 +16,7 @@ use crate::config::parse_url;
 use crate::store::postgres::{MIGRATOR, classify as pg_classify};
 use crate::store::sql::Clock;
 use crate::store::sqlite::{Lite, SQLITE_MIGRATOR, classify as lite_classify};
-use crate::store::{JournalStore, PgStore, SqliteStore, StoreError};
+use crate::store::{GroupCommit, JournalStore, PgStore, SqliteStore, StoreError};
 
 /// The journal's database, of either backend.
 #[derive(Debug, Clone)]
@@ -89,6 +89,15 @@ impl Database {
         match self {
             Self::Postgres(store) => Self::Postgres(store.with_metrics(metrics)),
             Self::Sqlite(store) => Self::Sqlite(store.with_metrics(metrics)),
+        }
+    }
+
+    /// This database with group commit set by `group` (Postgres; SQLite sends every call
+    /// alone whatever `group` says).
+    pub fn with_group_commit(self, group: Option<GroupCommit>) -> Self {
+        match self {
+            Self::Postgres(store) => Self::Postgres(store.with_group_commit(group)),
+            sqlite => sqlite,
         }
     }
 

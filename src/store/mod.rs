@@ -13,6 +13,7 @@
 //! take two statements (Postgres answers each in one).
 
 pub mod copy;
+pub mod group_commit;
 pub mod outbox;
 pub mod postgres;
 pub mod sql;
@@ -33,6 +34,7 @@ use crate::domain::model::{
 
 pub use crate::domain::transition::{Resolution, Settlement};
 pub use crate::telemetry::metrics::BacklogStats;
+pub use group_commit::GroupCommit;
 pub use outbox::{DeliveryOutcome, DeliveryState, EscalationOutbox, OutboxEntry, OutboxStats};
 pub use postgres::PgStore;
 pub use sql::{Clock, SqlStore};

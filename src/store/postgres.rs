@@ -6,7 +6,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::postgres::PgPool;
 
 use super::StoreError;
-use super::sql::{Arg, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
+use super::sql::{Arg, BindColumns, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
 
 /// The migrations of this backend, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -39,12 +39,30 @@ pub(crate) fn classify(error: sqlx::Error) -> StoreError {
     })
 }
 
+impl BindColumns for sqlx::Postgres {
+    /// A batch column as a Postgres array, unnested by the batch statements.
+    fn add_column(out: &mut Self::Arguments, column: Arg) -> Result<(), sqlx::error::BoxDynError> {
+        use sqlx::Arguments as _;
+        match column {
+            Arg::Texts(values) => out.add(values),
+            Arg::Ints(values) => out.add(values),
+            Arg::Floats(values) => out.add(values),
+            Arg::Text(_) | Arg::Int(_) | Arg::Float(_) => Err("a value where a column goes".into()),
+        }
+    }
+}
+
 impl Dialect for Pg {
     type Pool = PgPool;
     const SYSTEM: &'static str = "postgresql";
     const OWN: &'static [(&'static str, &'static str)] = &[
         ("register", include_str!("sql/postgres/register.sql")),
         ("settle", include_str!("sql/postgres/settle.sql")),
+        (
+            "register_many",
+            include_str!("sql/postgres/register_many.sql"),
+        ),
+        ("settle_many", include_str!("sql/postgres/settle_many.sql")),
         (
             "sweep_expired_leases",
             include_str!("sql/postgres/sweep.sql"),

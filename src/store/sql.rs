@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -30,6 +30,8 @@ use crate::domain::model::{
 };
 use crate::telemetry::Metrics;
 
+use super::group_commit::{GroupCommit, Queues};
+
 /// One bound value. Every statement's values are built once, as a list of these, whatever
 /// the backend.
 #[derive(Debug, Clone)]
@@ -40,10 +42,22 @@ pub enum Arg {
     Int(i64),
     /// Seconds, or any other float.
     Float(f64),
+    /// One column of a batch (Postgres only, unnested in the statement): text or `NULL`s.
+    Texts(Vec<Option<String>>),
+    /// One column of a batch: integers.
+    Ints(Vec<i64>),
+    /// One column of a batch: seconds, or any other floats.
+    Floats(Vec<f64>),
+}
+
+/// A database that binds the batch columns of [`Arg`] (as arrays), or refuses them.
+pub trait BindColumns: sqlx::Database {
+    /// Adds `column` (an `Arg::Texts`, `Ints` or `Floats`) to `out`.
+    fn add_column(out: &mut Self::Arguments, column: Arg) -> Result<(), sqlx::error::BoxDynError>;
 }
 
 /// The values `args` as sqlx arguments of database `DB`.
-pub(super) fn arguments<DB: sqlx::Database>(args: Vec<Arg>) -> Result<DB::Arguments, StoreError>
+pub(super) fn arguments<DB: BindColumns>(args: Vec<Arg>) -> Result<DB::Arguments, StoreError>
 where
     Option<String>: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
@@ -56,6 +70,7 @@ where
             Arg::Text(value) => out.add(value),
             Arg::Int(value) => out.add(value),
             Arg::Float(value) => out.add(value),
+            column => DB::add_column(&mut out, column),
         }
         .map_err(StoreError::Other)?;
     }
@@ -188,8 +203,11 @@ fn fragment(name: &str) -> &'static str {
     )
 }
 
-/// Renders `template` for dialect `D`: fragments first, then tokens.
-fn render<D: Dialect>(template: &str) -> String {
+/// Renders `template` for dialect `D`: fragments first, then tokens. A `batch` rendering
+/// reads each fragment's parameters `$2`, `$3`, ... from the columns `v.p2`, `v.p3`, ... of
+/// the batch's rows (`v`, see [`values`]), and `{rows}` selects those rows in key order; the
+/// clock stays `$1`.
+fn render<D: Dialect>(template: &str, batch: bool) -> String {
     let mut out = String::with_capacity(template.len() * 2);
     let mut rest = template;
     while let Some(open) = rest.find('{') {
@@ -199,9 +217,18 @@ fn render<D: Dialect>(template: &str) -> String {
                 .find('}')
                 .expect("unclosed token in a statement file");
         let token = &rest[open + 1..close];
-        match token.strip_prefix('@') {
-            Some(name) => out.push_str(&render::<D>(fragment(name).trim_end())),
-            None => {
+        match (token.strip_prefix('@'), token) {
+            (Some(name), _) => {
+                let fragment = render::<D>(fragment(name).trim_end(), batch);
+                out.push_str(&if batch {
+                    from_rows(&fragment)
+                } else {
+                    fragment
+                });
+            }
+            (None, "rows") if batch => out.push_str("FROM v ORDER BY v.p2, v.p3"),
+            (None, "rows") => out.push_str("WHERE true"),
+            (None, _) => {
                 let (name, arg) = token.split_once(' ').unwrap_or((token, ""));
                 out.push_str(&D::token(name, arg));
             }
@@ -210,6 +237,36 @@ fn render<D: Dialect>(template: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// `sql` with each parameter `$n` but the clock (`$1`) read from column `v.pn` of a batch row.
+fn from_rows(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..]
+            .find(|c: char| !c.is_ascii_digit())
+            .map_or(rest.len() - at - 1, |end| end);
+        let number = &rest[at + 1..at + 1 + digits];
+        match number {
+            "" | "1" => out.push_str(&rest[at..at + 1 + digits]),
+            _ => out.push_str(&format!("v.p{number}")),
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The batch rows `v` of a statement whose single-row form binds `$2`, `$3`, ... of `types`:
+/// one array per parameter, unnested side by side into columns `p2`, `p3`, ...
+fn values(types: &[&str]) -> String {
+    let arrays = (0..types.len()).map(|i| format!("${}::{}[]", i + 2, types[i]));
+    let names = (0..types.len()).map(|i| format!("p{}", i + 2));
+    let arrays: Vec<_> = arrays.collect();
+    let names: Vec<_> = names.collect();
+    format!("unnest({}) AS v ({})", arrays.join(", "), names.join(", "))
 }
 
 /// A rendered statement: `clocked` when it reads the clock, bound as `$1`; `method` is the
@@ -228,7 +285,28 @@ impl Statement {
         operation: &'static str,
         template: &str,
     ) -> Self {
-        let sql = render::<D>(template);
+        Self::rendered::<D>(method, operation, template, false)
+    }
+
+    /// The batch form of a statement (`sql/postgres/*_many.sql`): its fragments read each row's
+    /// parameters from the batch rows `v`, whose columns have `types`.
+    pub(super) fn batched<D: Dialect>(
+        method: &'static str,
+        operation: &'static str,
+        template: &str,
+        types: &[&str],
+    ) -> Self {
+        let template = with(template, "values", &values(types));
+        Self::rendered::<D>(method, operation, &template, true)
+    }
+
+    fn rendered<D: Dialect>(
+        method: &'static str,
+        operation: &'static str,
+        template: &str,
+        batch: bool,
+    ) -> Self {
+        let sql = render::<D>(template, batch);
         let clocked = binds_first(&sql) && !binds_first(template);
         Self {
             sql,
@@ -271,7 +349,23 @@ pub(super) struct Statements {
     backlog_stats: Statement,
     pub(super) purge: Statement,
     pub(super) outbox: super::outbox::Statements,
+    /// The batch forms of `register` and of each report (Postgres: group commit).
+    pub(super) register_many: Option<Statement>,
+    pub(super) settle_many: Option<[Statement; 3]>,
 }
+
+/// The column types of a batch of registrations: `$2..$11` of `insert.sql`.
+const REGISTER_COLUMNS: &[&str] = &[
+    "text", "text", "text", "text", "float8", "text", "text", "text", "text", "text",
+];
+
+/// The column types of a batch of reports, by variant (`SETTLEMENTS`): the lease as
+/// `$2..$5`, the outcome's from `$6` (see `report_args`).
+const SETTLE_COLUMNS: [&[&str]; 3] = [
+    &["text", "text", "int8", "text", "text", "text"],
+    &["text", "text", "int8", "text", "text"],
+    &["text", "text", "int8", "text", "text", "float8"],
+];
 
 const SETTLEMENTS: [&str; 3] = [
     include_str!("sql/settle_succeeded.sql"),
@@ -335,6 +429,28 @@ impl Statements {
             backlog_stats: file!(D "SELECT" backlog_stats),
             purge: file!(D "DELETE" purge own),
             outbox: super::outbox::Statements::new::<D>(),
+            register_many: D::OWN
+                .iter()
+                .find(|(name, _)| *name == "register_many")
+                .map(|(_, many)| {
+                    Statement::batched::<D>("register", "INSERT", many, REGISTER_COLUMNS)
+                }),
+            settle_many: D::OWN
+                .iter()
+                .find(|(name, _)| *name == "settle_many")
+                .map(|(_, many)| {
+                    let mut variant = 0;
+                    SETTLEMENTS.map(|settlement| {
+                        let many = with(many, "settlement", &from_rows(settlement));
+                        variant += 1;
+                        Statement::batched::<D>(
+                            "settle",
+                            "UPDATE",
+                            &many,
+                            SETTLE_COLUMNS[variant - 1],
+                        )
+                    })
+                }),
         }
     }
 }
@@ -368,17 +484,43 @@ pub struct SqlStore<D: Dialect> {
     pub(super) clock: Clock,
     pub(super) metrics: Metrics,
     pub(crate) extra: Arc<D>,
+    /// Group commit of registrations and reports, when on: its settings and its queues,
+    /// started by the first write of this store or of any clone of it.
+    pub(super) group: Option<(GroupCommit, Arc<OnceLock<Queues>>)>,
 }
 
 impl<D: Dialect> SqlStore<D> {
     pub(crate) fn from_parts(pool: D::Pool, extra: D) -> Self {
+        let statements = Statements::new::<D>();
+        let batches = statements.register_many.is_some() && statements.settle_many.is_some();
         Self {
             pool,
-            statements: Arc::new(Statements::new::<D>()),
+            statements: Arc::new(statements),
             clock: Clock::default(),
             metrics: Metrics::disabled(),
             extra: Arc::new(extra),
+            group: batches.then(|| (GroupCommit::default(), Arc::default())),
         }
+    }
+
+    /// This store with group commit set by `group` (`None`: every call goes alone). On by
+    /// default on Postgres; SQLite has no batch statements and ignores it.
+    pub fn with_group_commit(mut self, group: Option<GroupCommit>) -> Self {
+        let batches = self.statements.register_many.is_some();
+        self.group = group
+            .filter(|_| batches)
+            .map(|group| (group, Arc::default()));
+        self
+    }
+
+    /// The group commit queues, started on first use; `None` when group commit is off.
+    fn queues(&self) -> Option<&Queues> {
+        let (group, queues) = self.group.as_ref()?;
+        let alone = || Self {
+            group: None,
+            ..self.clone()
+        };
+        Some(queues.get_or_init(|| Queues::start(alone(), *group)))
     }
 
     /// The underlying pool.
@@ -400,10 +542,11 @@ impl<D: Dialect> SqlStore<D> {
 
     /// The statements whose cost must not grow with the journal, as this store sends them,
     /// each named after the method that sends it, for the query plans the benchmark shows
-    /// (docs/performance.md); a report by its first variant (a success).
+    /// (docs/performance.md); a report by its first variant (a success); the group commit
+    /// forms as `register_many` and `settle_many_<variant>`.
     pub fn explained(&self) -> Vec<(&'static str, &str)> {
         let all = &self.statements;
-        [
+        let mut explained: Vec<_> = [
             &all.register,
             &all.settle[0],
             &all.find_same_request,
@@ -418,7 +561,23 @@ impl<D: Dialect> SqlStore<D> {
             &all.queue_stats,
         ]
         .map(|statement| (statement.method, statement.sql.as_str()))
-        .into()
+        .into();
+        // The group commit forms (Postgres), each report's variant by its name.
+        let batches = all.register_many.iter().map(|many| ("register_many", many));
+        let reports = all.settle_many.iter().flat_map(|many| {
+            let names = [
+                "settle_many_succeeded",
+                "settle_many_failed_final",
+                "settle_many_unknown",
+            ];
+            names.into_iter().zip(many)
+        });
+        explained.extend(
+            batches
+                .chain(reports)
+                .map(|(name, many)| (name, many.sql.as_str())),
+        );
+        explained
     }
 
     pub(super) fn args(&self, statement: &Statement, mut args: Vec<Arg>) -> Vec<Arg> {
@@ -526,6 +685,46 @@ impl<D: Dialect> SqlStore<D> {
     }
 }
 
+impl<D: Dialect> SqlStore<D> {
+    /// [`JournalStore::register`] in its own statement.
+    pub(super) async fn register_one(
+        &self,
+        new: &NewOperation,
+    ) -> Result<Registration, StoreError> {
+        let statement = &self.statements.register;
+        let registered = self.rows::<OperationRow>(statement, new_args(new)?);
+        if let Some(row) = registered.await?.pop() {
+            return row.registration();
+        }
+        if D::ANSWERS_IN_ONE {
+            return Ok(Registration::Raced);
+        }
+        let key = args![new.namespace.as_str(), new.operation_key.as_str()];
+        let existing = self.read(key).await?;
+        Ok(existing.map_or(Registration::Raced, Registration::Existing))
+    }
+
+    /// [`JournalStore::settle`] in its own statement.
+    pub(super) async fn settle_one(
+        &self,
+        token: &LeaseToken,
+        settlement: &Settlement,
+    ) -> Result<Option<Settled>, StoreError> {
+        let (variant, args) = report_args(token, settlement);
+        let statement = &self.statements.settle[variant];
+        // Without a status answered, the one read first (see `JournalStore::settle`).
+        let before = match D::ANSWERS_IN_ONE {
+            true => None,
+            false => match self.read(args[..2].to_vec()).await? {
+                Some(row) => Some(row.status),
+                None => return Ok(None),
+            },
+        };
+        let row = self.rows::<OperationRow>(statement, args).await?.pop();
+        row.map(|row| row.settled(before)).transpose()
+    }
+}
+
 /// `Arg::from` for each bindable type: text, integers, seconds, ids.
 macro_rules! arg_from {
     ($($type:ty => |$value:ident| $arg:expr),* $(,)?) => {$(
@@ -567,7 +766,7 @@ fn json(value: &impl serde::Serialize) -> Result<String, StoreError> {
 
 /// A report's statement variant and its values: the token's lease as `$2..$5`, the outcome's
 /// from `$6`.
-fn report_args(token: &LeaseToken, settlement: &Settlement) -> (usize, Vec<Arg>) {
+pub(super) fn report_args(token: &LeaseToken, settlement: &Settlement) -> (usize, Vec<Arg>) {
     let (ns, key) = (token.namespace.as_str(), token.operation_key.as_str());
     let lease = args![ns, key, token.attempt, token.lease_id];
     let (variant, outcome) = match settlement {
@@ -594,7 +793,7 @@ fn report_args(token: &LeaseToken, settlement: &Settlement) -> (usize, Vec<Arg>)
 }
 
 /// `$2..$11` of the insert.
-fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
+pub(super) fn new_args(new: &NewOperation) -> Result<Vec<Arg>, StoreError> {
     Ok(args![
         new.namespace.as_str(),
         new.operation_key.as_str(),
@@ -617,24 +816,13 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
 
     async fn register(&self, new: &NewOperation) -> Result<Registration, StoreError> {
         let statement = &self.statements.register;
-        let register = async {
-            let registered = self.rows::<OperationRow>(statement, new_args(new)?);
-            if let Some(row) = registered.await?.pop() {
-                let inserted = row.inserted;
-                let record = row.try_into()?;
-                return Ok(match inserted {
-                    true => Registration::Inserted(record),
-                    false => Registration::Existing(record),
-                });
+        match self.queues() {
+            Some(queues) => {
+                self.run(statement, queues.register.submit(new.clone()))
+                    .await
             }
-            if D::ANSWERS_IN_ONE {
-                return Ok(Registration::Raced);
-            }
-            let key = args![new.namespace.as_str(), new.operation_key.as_str()];
-            let existing = self.read(key).await?;
-            Ok(existing.map_or(Registration::Raced, Registration::Existing))
-        };
-        self.run(statement, register).await
+            None => self.run(statement, self.register_one(new)).await,
+        }
     }
 
     async fn get(
@@ -667,28 +855,18 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         token: &LeaseToken,
         settlement: &Settlement,
     ) -> Result<Option<Settled>, StoreError> {
-        let (variant, args) = report_args(token, settlement);
+        let (variant, _) = report_args(token, settlement);
         let statement = &self.statements.settle[variant];
-        let settle = async {
-            // Without a status answered, the one read first (see `JournalStore::settle`).
-            let before = match D::ANSWERS_IN_ONE {
-                true => None,
-                false => match self.read(args[..2].to_vec()).await? {
-                    Some(row) => Some(row.status),
-                    None => return Ok(None),
-                },
-            };
-            let Some(row) = self.rows::<OperationRow>(statement, args).await?.pop() else {
-                return Ok(None);
-            };
-            let answered = row.previous_status.as_deref().map(status).transpose()?;
-            let previous = answered
-                .or(before)
-                .ok_or_else(|| corrupt("previous_status"))?;
-            let record = row.try_into()?;
-            Ok(Some(Settled { record, previous }))
-        };
-        self.run(statement, settle).await
+        match self.queues() {
+            Some(queues) => {
+                let report = (token.clone(), settlement.clone());
+                self.run(statement, queues.settle.submit(report)).await
+            }
+            None => {
+                self.run(statement, self.settle_one(token, settlement))
+                    .await
+            }
+        }
     }
 
     async fn renew(
@@ -875,9 +1053,9 @@ pub(super) fn status(value: &str) -> Result<Status, StoreError> {
 /// A journal row as both backends return it (`{@columns}`), with what `register` and `settle`
 /// answer besides.
 #[derive(Debug, sqlx::FromRow)]
-struct OperationRow {
-    namespace: String,
-    operation_key: String,
+pub(super) struct OperationRow {
+    pub(super) namespace: String,
+    pub(super) operation_key: String,
     action_type: String,
     request_hash: String,
     status: String,
@@ -906,6 +1084,29 @@ struct OperationRow {
     /// `settle` on Postgres only: the status the report left.
     #[sqlx(default)]
     previous_status: Option<String>,
+}
+
+impl OperationRow {
+    /// What `register` answers with this row.
+    pub(super) fn registration(self) -> Result<Registration, StoreError> {
+        let inserted = self.inserted;
+        let record = self.try_into()?;
+        Ok(match inserted {
+            true => Registration::Inserted(record),
+            false => Registration::Existing(record),
+        })
+    }
+
+    /// What `settle` answers with this row: the status it left is the one the row answers,
+    /// else `before` (read first).
+    pub(super) fn settled(self, before: Option<Status>) -> Result<Settled, StoreError> {
+        let answered = self.previous_status.as_deref().map(status).transpose()?;
+        let previous = answered
+            .or(before)
+            .ok_or_else(|| corrupt("previous_status"))?;
+        let record = self.try_into()?;
+        Ok(Settled { record, previous })
+    }
 }
 
 impl TryFrom<OperationRow> for OperationRecord {

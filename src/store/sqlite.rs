@@ -32,7 +32,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 
 use super::StoreError;
-use super::sql::{Arg, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
+use super::sql::{Arg, BindColumns, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
 
 /// The migrations of this backend (`migrations/sqlite/`), embedded in the binary. The
 /// Postgres migrator reads only the files directly in `migrations/`, never this directory.
@@ -60,6 +60,13 @@ pub(crate) fn classify(error: sqlx::Error) -> StoreError {
 
 /// The database clock as stored: UTC, milliseconds, fixed width.
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', coalesce($1, 'now')";
+
+impl BindColumns for sqlx::Sqlite {
+    /// SQLite runs no batch statement (it has no arrays): a column is refused.
+    fn add_column(_: &mut Self::Arguments, _: Arg) -> Result<(), sqlx::error::BoxDynError> {
+        Err("SQLite binds no batch column".into())
+    }
+}
 
 impl Dialect for Lite {
     type Pool = SqlitePool;
