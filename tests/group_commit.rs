@@ -8,11 +8,14 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use common::a_statement_waits_for_a_lock;
 use opjournal::domain::canonical::RequestHash;
 use opjournal::domain::lease::LeaseToken;
 use opjournal::domain::model::{
@@ -88,22 +91,6 @@ async fn queued_then_released<'a, T>(
     futures::future::join_all(calls).await
 }
 
-/// Returns once a statement on this database waits for a lock.
-async fn a_statement_waits_for_a_lock(pool: &PgPool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !sqlx::query_scalar::<_, bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
-         WHERE datname = current_database() AND wait_event_type = 'Lock')",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-    {
-        assert!(std::time::Instant::now() < deadline, "no statement waits");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// How many transactions wrote the rows of `keys` (their distinct `xmin`).
 async fn commits_of(pool: &PgPool, keys: &[String]) -> i64 {
     sqlx::query_scalar(
@@ -147,14 +134,29 @@ async fn uncommitted_insert(
     tx
 }
 
+/// Makes the one register lane of `store` busy: its call waits for a registration of the
+/// same key that the returned transaction holds uncommitted. Rolling it back lets the call
+/// insert.
+async fn a_busy_register_lane(
+    pool: &PgPool,
+    store: &PgStore,
+) -> (
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    Call<'static, Registration>,
+) {
+    let blocker = uncommitted_insert(pool, "blocker").await;
+    let store = store.clone();
+    let mut first: Call<'static, Registration> =
+        Box::pin(async move { store.register(&new_operation("blocker")).await });
+    assert!(futures::poll!(first.as_mut()).is_pending());
+    a_statement_waits_for_a_lock(pool).await;
+    (blocker, first)
+}
+
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn registrations_queued_behind_a_busy_lane_commit_once_and_answer_each(pool: PgPool) {
     let store = one_lane(&pool);
-    let blocker = uncommitted_insert(&pool, "blocker").await;
-    let blocked = new_operation("blocker");
-    let mut first: Call<'_, Registration> = Box::pin(store.register(&blocked));
-    assert!(futures::poll!(first.as_mut()).is_pending());
-    a_statement_waits_for_a_lock(&pool).await;
+    let (blocker, first) = a_busy_register_lane(&pool, &store).await;
 
     let keys: Vec<String> = (0..20).map(|i| format!("batch-{i}")).collect();
     let news: Vec<NewOperation> = keys.iter().map(|key| new_operation(key)).collect();
@@ -202,11 +204,7 @@ async fn registrations_queued_behind_a_busy_lane_commit_once_and_answer_each(poo
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_bad_registration_in_a_batch_fails_alone(pool: PgPool) {
     let store = one_lane(&pool);
-    let blocker = uncommitted_insert(&pool, "blocker").await;
-    let blocked = new_operation("blocker");
-    let mut first: Call<'_, Registration> = Box::pin(store.register(&blocked));
-    assert!(futures::poll!(first.as_mut()).is_pending());
-    a_statement_waits_for_a_lock(&pool).await;
+    let (blocker, first) = a_busy_register_lane(&pool, &store).await;
 
     let mut news: Vec<NewOperation> = (0..6).map(|i| new_operation(&format!("n-{i}"))).collect();
     // What the edge never lets through, and the database refuses: a malformed traceparent.

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TestDb, on_pool};
+use common::{TestDb, a_statement_waits_for_a_lock, on_pool};
 use opjournal::app::Database;
 use opjournal::domain::canonical::RequestHash;
 use opjournal::domain::escalation::{EventType, event_for};
@@ -2742,23 +2742,6 @@ async fn the_backlog_statement_uses_only_partial_indexes_on_postgres(pool: PgPoo
     assert!(!plan.contains("Seq Scan"), "{plan}");
     assert!(plan.contains("agent_operations_unknown_since"), "{plan}");
     assert!(plan.contains("agent_operations_review_queue"), "{plan}");
-}
-
-/// Returns once a statement on this test's database waits for a lock that another
-/// transaction holds (Postgres reports it in `pg_stat_activity`).
-async fn a_statement_waits_for_a_lock(pool: &PgPool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !sqlx::query_scalar::<_, bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
-         WHERE datname = current_database() AND wait_event_type = 'Lock')",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-    {
-        assert!(std::time::Instant::now() < deadline, "no statement waits");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// A report racing a change of its row on Postgres: the change committed after the report's

@@ -607,3 +607,20 @@ pub fn violated_field(status: &tonic::Status) -> String {
 pub const PAY_817: &str = r#"{"order_id":"817","amount_minor":490000,"currency":"RUB"}"#;
 pub const PAY_817_OTHER_AMOUNT: &str =
     r#"{"order_id":"817","amount_minor":590000,"currency":"RUB"}"#;
+
+/// Returns once a statement on this test's database waits for a lock that another
+/// transaction holds (Postgres reports it in `pg_stat_activity`).
+pub async fn a_statement_waits_for_a_lock(pool: &PgPool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+    {
+        assert!(std::time::Instant::now() < deadline, "no statement waits");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
