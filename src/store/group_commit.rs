@@ -23,6 +23,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use super::sql::{Arg, Decoded, Dialect, OperationRow, SqlStore, new_args, report_args};
 use super::{NewOperation, Registration, Settled, Settlement, StoreError};
 use crate::domain::lease::LeaseToken;
+use crate::domain::model::{Namespace, OperationKey};
 
 /// How a store coalesces concurrent writes; see the module documentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,9 +143,8 @@ impl Queues {
 /// The namespace and key of an item, which a batch holds once.
 type Key = (String, String);
 
-fn key_of(token: &LeaseToken) -> Key {
-    let (ns, key) = (&token.namespace, &token.operation_key);
-    (ns.as_str().to_owned(), key.as_str().to_owned())
+fn key(namespace: &Namespace, key: &OperationKey) -> Key {
+    (namespace.as_str().to_owned(), key.as_str().to_owned())
 }
 
 /// The rows `rows` of a batch by key.
@@ -190,8 +190,8 @@ fn firsts<T>(items: &[T], key: impl Fn(&T) -> Key) -> Vec<usize> {
 }
 
 impl<D: Dialect> SqlStore<D> {
-    /// Runs `statement` over the `rows` of values of the items `chosen`: the rows it answers
-    /// by key; `None` when it failed for anything but an outage (the items then go alone).
+    /// Runs `statement` over `rows`, one list of values per item: the rows it answers; `None`
+    /// when it failed for anything but an outage (the items then go alone).
     async fn batch_rows<R: Decoded>(
         &self,
         statement: &super::sql::Statement,
@@ -215,11 +215,8 @@ impl<D: Dialect> SqlStore<D> {
     ) -> Vec<Result<Registration, StoreError>> {
         let mut answers: Vec<Option<Result<Registration, StoreError>>> =
             news.iter().map(|_| None).collect();
-        let key = |new: &NewOperation| {
-            let (ns, key) = (&new.namespace, &new.operation_key);
-            (ns.as_str().to_owned(), key.as_str().to_owned())
-        };
-        let firsts = firsts(&news, key);
+        let key_of = |new: &NewOperation| key(&new.namespace, &new.operation_key);
+        let firsts = firsts(&news, key_of);
         let many = self.statements.register_many.as_ref();
         if let (Some(statement), true) = (many, firsts.len() > 1) {
             let values: Result<Vec<_>, _> = firsts.iter().map(|&i| new_args(&news[i])).collect();
@@ -231,7 +228,7 @@ impl<D: Dialect> SqlStore<D> {
                 Ok(Some(rows)) => {
                     let mut rows = by_key(rows);
                     for &i in &firsts {
-                        answers[i] = Some(match rows.remove(&key(&news[i])) {
+                        answers[i] = Some(match rows.remove(&key_of(&news[i])) {
                             Some(row) => row.registration(),
                             None => Ok(Registration::Raced),
                         });
@@ -264,6 +261,7 @@ impl<D: Dialect> SqlStore<D> {
     ) -> Vec<Result<Option<Settled>, StoreError>> {
         let mut answers: Vec<Option<Result<Option<Settled>, StoreError>>> =
             reports.iter().map(|_| None).collect();
+        let key_of = |token: &LeaseToken| key(&token.namespace, &token.operation_key);
         let firsts = firsts(&reports, |(token, _)| key_of(token));
         if let (Some(statements), true) = (&self.statements.settle_many, firsts.len() > 1) {
             let mut by_variant: [Vec<usize>; 3] = Default::default();

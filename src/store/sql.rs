@@ -439,16 +439,11 @@ impl Statements {
                 .iter()
                 .find(|(name, _)| *name == "settle_many")
                 .map(|(_, many)| {
-                    let mut variant = 0;
-                    SETTLEMENTS.map(|settlement| {
-                        let many = with(many, "settlement", &from_rows(settlement));
-                        variant += 1;
-                        Statement::batched::<D>(
-                            "settle",
-                            "UPDATE",
-                            &many,
-                            SETTLE_COLUMNS[variant - 1],
-                        )
+                    std::array::from_fn(|variant| {
+                        let settlement = from_rows(SETTLEMENTS[variant]);
+                        let many = with(many, "settlement", &settlement);
+                        let columns = SETTLE_COLUMNS[variant];
+                        Statement::batched::<D>("settle", "UPDATE", &many, columns)
                     })
                 }),
         }
@@ -769,27 +764,30 @@ fn json(value: &impl serde::Serialize) -> Result<String, StoreError> {
 pub(super) fn report_args(token: &LeaseToken, settlement: &Settlement) -> (usize, Vec<Arg>) {
     let (ns, key) = (token.namespace.as_str(), token.operation_key.as_str());
     let lease = args![ns, key, token.attempt, token.lease_id];
-    let (variant, outcome) = match settlement {
+    let outcome = match settlement {
         Settlement::Succeeded {
             external_id,
             result_json,
-        } => (
-            0,
-            args![
-                external_id.as_ref().map(|i| i.as_str()),
-                result_json.clone()
-            ],
-        ),
-        Settlement::FailedFinal { error_code } => (1, args![error_code.as_str()]),
+        } => args![
+            external_id.as_ref().map(|i| i.as_str()),
+            result_json.clone()
+        ],
+        Settlement::FailedFinal { error_code } => args![error_code.as_str()],
         Settlement::Unknown {
             error_code,
             first_check_after,
-        } => (
-            2,
-            args![error_code.as_ref().map(|c| c.as_str()), *first_check_after],
-        ),
+        } => args![error_code.as_ref().map(|c| c.as_str()), *first_check_after],
     };
-    (variant, [lease, outcome].concat())
+    (variant(settlement), [lease, outcome].concat())
+}
+
+/// The statement variant of a report: its index in `SETTLEMENTS`.
+fn variant(settlement: &Settlement) -> usize {
+    match settlement {
+        Settlement::Succeeded { .. } => 0,
+        Settlement::FailedFinal { .. } => 1,
+        Settlement::Unknown { .. } => 2,
+    }
 }
 
 /// `$2..$11` of the insert.
@@ -855,8 +853,7 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
         token: &LeaseToken,
         settlement: &Settlement,
     ) -> Result<Option<Settled>, StoreError> {
-        let (variant, _) = report_args(token, settlement);
-        let statement = &self.statements.settle[variant];
+        let statement = &self.statements.settle[variant(settlement)];
         match self.queues() {
             Some(queues) => {
                 let report = (token.clone(), settlement.clone());
