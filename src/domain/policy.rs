@@ -1214,6 +1214,177 @@ adapters:
         );
     }
 
+    /// The problem messages of `text` (empty when it parses).
+    fn refusals(text: &str) -> String {
+        Policy::parse(text, "policy.yaml")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_lookup_url_naming_anything_but_the_provider_key_is_refused_with_the_reason() {
+        let url = "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{provider_key}";
+        for (template, expected) in [
+            (
+                "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{operation_key}",
+                "adapters.payments.url: {operation_key} names the journal's key, which is not \
+                 the key the provider was called with",
+            ),
+            (
+                "http://127.0.0.1:8081/v1/payments/{external_id}",
+                "adapters.payments.url: {external_id} asks about the provider's id",
+            ),
+            (
+                "http://127.0.0.1:8081/v1/{namespace}/payments/{provider_key}",
+                "adapters.payments.url: {namespace} is part of the provider key already",
+            ),
+            (
+                "http://127.0.0.1:8081/v1/payments/{key}",
+                "adapters.payments.url: {key} is not a lookup variable",
+            ),
+            (
+                "http://127.0.0.1:8081/v1/payments/latest",
+                "adapters.payments.url: must contain {provider_key}",
+            ),
+            (
+                "http://{provider_key}.example.com/v1/payments",
+                "adapters.payments.url: {provider_key} must be in the path or the query",
+            ),
+            (
+                "http://user:pw@127.0.0.1:8081/v1/payments/{provider_key}",
+                "adapters.payments.url: must not carry credentials",
+            ),
+            (
+                "ftp://127.0.0.1/{provider_key}",
+                "adapters.payments.url: must start with http:// or https://",
+            ),
+        ] {
+            let text = EXAMPLE.replace(url, template);
+            let error = refusals(&text);
+            assert!(error.contains(expected), "{template}: {error}");
+        }
+        let query = EXAMPLE.replace(
+            url,
+            "https://api.example.com/v1/payments?key={provider_key}",
+        );
+        assert_eq!(refusals(&query), "");
+    }
+
+    #[test]
+    fn absence_rules_that_cannot_tell_a_wrong_route_from_a_missing_object_are_refused() {
+        let rule =
+            "absent_match: { pointer: /error, values: [not_found], key_pointer: /idempotency_key }";
+        for (replacement, expected) in [
+            (
+                "absent_match: { pointer: /error, values: [not_found] }",
+                "adapters.payments.absent_match: key_pointer is required with search_complete: true",
+            ),
+            (
+                "absent_statuses: [302]",
+                "adapters.payments.absent_statuses: 302 cannot mean \"not found\"",
+            ),
+            (
+                "absent_statuses: [200]",
+                "adapters.payments.absent_statuses: 200 cannot mean \"not found\"",
+            ),
+            (
+                "absent_statuses: [503]",
+                "adapters.payments.absent_statuses: 503 cannot mean \"not found\"",
+            ),
+            (
+                "absent_match: { pointer: /error, values: [], key_pointer: /idempotency_key }",
+                "adapters.payments.absent_match: values must name at least one value",
+            ),
+            (
+                "absent_match: { pointer: /error, values: [not_found], key_pointer: key }",
+                "adapters.payments.response: 'key' is not a JSON Pointer",
+            ),
+        ] {
+            let text = EXAMPLE.replace(rule, replacement);
+            let error = refusals(&text);
+            assert!(error.contains(expected), "{replacement}: {error}");
+        }
+        // Without a complete search, "not found" never releases: no key_pointer needed.
+        let incomplete = EXAMPLE
+            .replace(
+                rule,
+                "absent_match: { pointer: /error, values: [not_found] }",
+            )
+            .replace("search_complete: true", "search_complete: false");
+        assert_eq!(refusals(&incomplete), "");
+    }
+
+    #[test]
+    fn a_success_rule_that_no_status_can_meet_is_refused_and_one_that_any_answer_meets_warned() {
+        let text = EXAMPLE.replace("      succeeded_values: [succeeded]\n", "");
+        assert!(
+            refusals(&text).contains(
+                "adapters.payments.response: succeeded_values must name at least one status"
+            ),
+            "{}",
+            refusals(&text)
+        );
+        let text = EXAMPLE.replace(
+            "      status_pointer: /status\n      succeeded_values: [succeeded]\n",
+            "",
+        );
+        let (_, warnings) = Policy::parse_with_warnings(&text, "policy.yaml").unwrap();
+        let warnings = warnings.to_string();
+        assert!(
+            warnings.contains(
+                "adapters.payments.response.status_pointer: is not set, so any 2xx JSON object \
+                 the lookup gets counts as succeeded"
+            ),
+            "{warnings}"
+        );
+    }
+
+    #[test]
+    fn no_grace_window_is_warned_about_with_its_line() {
+        let (_, warnings) = Policy::parse_with_warnings(EXAMPLE, "policy.yaml").unwrap();
+        assert!(warnings.problems.is_empty(), "{warnings}");
+        let text = EXAMPLE.replace("absence_grace_seconds: 60", "absence_grace_seconds: 0");
+        let (_, warnings) = Policy::parse_with_warnings(&text, "policy.yaml").unwrap();
+        assert_eq!(
+            warnings.to_string(),
+            "policy.yaml:12: actions.create_payment.reconcile.absence_grace_seconds: 0 lets the \
+             first \"not found\" release the operation for another attempt, with no time for \
+             the provider's search to catch up with its writes; a search that lags behind gives \
+             a second effect"
+        );
+        // An adapter that cannot prove absence makes the grace window moot.
+        let text = text.replace("search_complete: true", "search_complete: false");
+        let (_, warnings) = Policy::parse_with_warnings(&text, "policy.yaml").unwrap();
+        assert!(warnings.problems.is_empty(), "{warnings}");
+    }
+
+    #[test]
+    fn the_adapters_kind_is_recorded_with_each_action_and_never_read_from_the_file() {
+        let text = format!("{EXAMPLE}  email_none:\n    kind: none\n").replace(
+            "  charge_deduplicated:\n",
+            "  send_email:\n    reconcile: {adapter: email_none}\n  charge_deduplicated:\n",
+        );
+        let policy = Policy::parse(&text, "policy.yaml").unwrap();
+        let kind = |action: &str| policy.actions[action].reconcile.adapter_kind;
+        assert_eq!(kind("create_payment"), Some(AdapterKind::Http));
+        assert_eq!(kind("send_email"), Some(AdapterKind::None));
+        assert_eq!(kind("charge_deduplicated"), None);
+        let recorded = serde_json::to_value(&policy.actions["send_email"]).unwrap();
+        assert_eq!(recorded["reconcile"]["adapter_kind"], "none");
+
+        let text = text.replace(
+            "reconcile: {adapter: email_none}",
+            "reconcile: {adapter: email_none, adapter_kind: http}",
+        );
+        assert!(
+            refusals(&text)
+                .contains("actions.send_email.reconcile.adapter_kind: is recorded by the journal"),
+            "{}",
+            refusals(&text)
+        );
+    }
+
     #[test]
     fn a_wrong_type_is_refused() {
         let text = EXAMPLE.replace("lease_seconds: 30", "lease_seconds: thirty");
