@@ -277,6 +277,32 @@ async fn a_lookup_template_naming_another_key_is_refused_at_start_with_the_reaso
     }
 }
 
+#[tokio::test]
+async fn check_config_prints_the_warnings_of_a_policy_it_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    let url = "http://127.0.0.1:9/v1/payments/by-idempotency-key/{provider_key}";
+    std::fs::write(&file, payments_policy(url)).unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+        .args([
+            "check-config",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:9/x",
+        ])
+        .arg("--policy")
+        .arg(&file)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let expected = format!(
+        "warning: {}:7: actions.create_payment.reconcile.absence_grace_seconds: 0 lets the first",
+        file.display()
+    );
+    assert!(stderr.contains(&expected), "{expected}\n{stderr}");
+}
+
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_lookup_asks_about_the_provider_key_in_another_namespace_and_for_keys_with_a_slash(
     pool: PgPool,
