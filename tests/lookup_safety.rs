@@ -78,6 +78,23 @@ fn worker_under(app: &TestApp, yaml: &str) -> Worker {
     )
 }
 
+/// The history's reasons for the default namespace's `key`, oldest first.
+async fn history(app: &TestApp, key: &str) -> Vec<String> {
+    app.reconciler
+        .clone()
+        .get_operation_history(opjournal::proto::GetOperationHistoryRequest {
+            operation_key: key.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events
+        .into_iter()
+        .map(|event| event.reason)
+        .collect()
+}
+
 /// What the last worker lookup of `key` in `namespace` saw and did, as recorded on the row
 /// (`last_reason`; the history gets an entry when the status or review state changes).
 async fn last_reason(app: &TestApp, namespace: &str, key: &str) -> String {
@@ -143,6 +160,7 @@ actions:
       adapter: payments
       first_check_after_seconds: 0
       absence_grace_seconds: 0
+    unknown_after_seconds: 600
 adapters:
   payments:
     kind: http
@@ -202,21 +220,39 @@ async fn a_redirect_to_another_origin_is_a_failed_lookup_and_carries_no_secret(p
     assert_eq!(app.counts(&provider_key).effects, 1);
     assert_eq!(app.counts(&provider_key).requests, 1);
 
+    // Still redirected at the deadline: a person decides, and the history says why.
+    app.clock.advance(Duration::from_secs(601));
+    let stats = worker.tick().await.unwrap();
+    assert_eq!((stats.escalated, stats.released), (1, 0), "{stats:?}");
+    let history = history(&app, PAYMENT_KEY).await;
+    assert_eq!(
+        history.last().unwrap(),
+        "lookup_failed:redirect_302; escalated:unresolved_after_deadline",
+        "{history:?}"
+    );
+    let again = app
+        .begin(PAYMENT_KEY, "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert_eq!(decision(&again), Decision::VerificationRequired);
+    assert_eq!(app.counts(&provider_key).effects, 1);
+
     // The configured origin got the lookup with its credential; the redirect target got
     // nothing at all: no request, so no X-Api-Key and no Referer.
     let asked = gateway_seen.requests();
-    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked.len(), 2, "{asked:?}");
     assert_eq!(
         asked[0].0,
         format!("/v1/payments/by-idempotency-key/{provider_key}").replace(':', "%3A")
     );
-    assert!(
-        asked[0]
-            .1
-            .get("x-api-key")
-            .is_some_and(|v| v.to_str().unwrap().starts_with("secret-"))
-    );
-    assert!(asked[0].1.get("referer").is_none());
+    for (_, headers) in &asked {
+        assert!(
+            headers
+                .get("x-api-key")
+                .is_some_and(|v| v.to_str().unwrap().starts_with("secret-"))
+        );
+        assert!(headers.get("referer").is_none());
+    }
     let followed = target_seen.requests();
     assert!(
         followed
@@ -271,7 +307,7 @@ async fn a_lookup_template_naming_another_key_is_refused_at_start_with_the_reaso
                 .unwrap();
             assert!(!output.status.success(), "{binary} {command:?} {template}");
             let stderr = String::from_utf8_lossy(&output.stderr);
-            let expected = format!("{name}:11: {reason}");
+            let expected = format!("{name}:12: {reason}");
             assert!(stderr.contains(&expected), "{expected}\n{stderr}");
         }
     }
