@@ -995,6 +995,13 @@ pub fn validate_url_template(url: &str) -> Result<(), String> {
                 .into(),
         );
     }
+    if url.contains('#') {
+        return Err(
+            "must not have a fragment ('#'): it is never sent to the provider, so a key there \
+             is not asked about"
+                .into(),
+        );
+    }
     let sample = url.replace("{provider_key}", "key");
     match reqwest::Url::parse(&sample) {
         Ok(parsed) if parsed.host().is_some() => {}
@@ -1254,6 +1261,10 @@ adapters:
             (
                 "http://user:pw@127.0.0.1:8081/v1/payments/{provider_key}",
                 "adapters.payments.url: must not carry credentials",
+            ),
+            (
+                "http://127.0.0.1:8081/v1/payments#{provider_key}",
+                "adapters.payments.url: must not have a fragment",
             ),
             (
                 "ftp://127.0.0.1/{provider_key}",
