@@ -73,6 +73,29 @@ pub fn load_policy(config: &Config) -> Result<Policy, PolicyError> {
     }
 }
 
+/// The warnings of the policy file named by the configuration, one line each
+/// (`FILE:LINE: SETTING: why`); none for the built-in policy. `check-config` prints them and
+/// [`build`] logs them.
+///
+/// Errors: the file is unreadable or invalid (the message names the file and setting).
+pub fn policy_warnings(config: &Config) -> Result<Vec<String>, PolicyError> {
+    let Some(path) = &config.policy_file else {
+        return Ok(Vec::new());
+    };
+    let (_, warnings) = Policy::load_with_warnings(path)?;
+    Ok(warnings
+        .problems
+        .into_iter()
+        .map(|problem| {
+            PolicyError {
+                file: warnings.file.clone(),
+                problems: vec![problem],
+            }
+            .to_string()
+        })
+        .collect())
+}
+
 /// The group commit `config` asks for: `group_commit_lanes` per kind of write, at most
 /// `(max_connections - 1) / 2` (at least one); `None` when it is `0`.
 fn group_commit(config: &Config) -> Option<GroupCommit> {
@@ -89,6 +112,9 @@ fn group_commit(config: &Config) -> Option<GroupCommit> {
 /// Errors: invalid policy, adapter or database URL.
 pub fn build(config: &Config, metrics: &Metrics) -> Result<Components, StartError> {
     let policy = Arc::new(load_policy(config)?);
+    for warning in policy_warnings(config)? {
+        tracing::warn!(warning = %warning, "the policy weakens a lookup's proof");
+    }
     let adapters = AdapterSet::from_policy(&policy)?;
     let database = Database::connect_lazy(&config.database_url, config.max_connections)?
         .with_group_commit(group_commit(config));

@@ -457,7 +457,7 @@ adapters:
     url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
     timeout_seconds: 2
     search_complete: true
-    absent_match: {{ pointer: /error, values: [not_found] }}
+    absent_match: {{ pointer: /error, values: [not_found], key_pointer: /idempotency_key }}
     response: {{ status_pointer: /status, succeeded_values: [succeeded], failed_values: [failed], external_id_pointer: /id }}
 "#
     )

@@ -307,6 +307,30 @@ pub struct ReconcilePolicy {
     /// seconds; absence counts as definitive only after it, and only from a complete search.
     #[serde(default = "default_grace")]
     pub absence_grace_seconds: u32,
+    /// The kind of `adapter` when the operation was registered, recorded with the operation
+    /// (never written in a policy file): an operation registered under a `kind: none` adapter
+    /// is never looked up, whatever a later file says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter_kind: Option<AdapterKind>,
+}
+
+/// What an adapter can do, as recorded with an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdapterKind {
+    /// `kind: http`: a lookup.
+    Http,
+    /// `kind: grpc`: a lookup.
+    Grpc,
+    /// `kind: none`: no lookup; unknown goes to review.
+    None,
+}
+
+impl AdapterKind {
+    /// Whether an adapter of this kind looks operations up.
+    pub fn looks_up(self) -> bool {
+        !matches!(self, Self::None)
+    }
 }
 
 impl Default for ReconcilePolicy {
@@ -319,6 +343,7 @@ impl Default for ReconcilePolicy {
             backoff_multiplier: default_multiplier(),
             jitter: default_jitter(),
             absence_grace_seconds: default_grace(),
+            adapter_kind: None,
         }
     }
 }
@@ -368,12 +393,33 @@ impl ReconcilePolicy {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AdapterConfig {
-    /// A JSON-over-HTTP lookup by idempotency key or external id.
+    /// A JSON-over-HTTP lookup by the key the provider was called with.
     Http(Box<HttpAdapterConfig>),
     /// A gRPC service implementing `opjournal.v1.ProviderAdapter`, in any language.
     Grpc(GrpcAdapterConfig),
     /// No lookup is possible (e.g. e-mail without search): unknown goes straight to review.
     None,
+}
+
+impl AdapterConfig {
+    /// The adapter's kind.
+    pub fn kind(&self) -> AdapterKind {
+        match self {
+            Self::Http(_) => AdapterKind::Http,
+            Self::Grpc(_) => AdapterKind::Grpc,
+            Self::None => AdapterKind::None,
+        }
+    }
+
+    /// Whether a "not found" from this adapter can prove absence (and so release an
+    /// operation for another attempt).
+    pub fn can_prove_absence(&self) -> bool {
+        match self {
+            Self::Http(http) => http.search_complete,
+            Self::Grpc(grpc) => grpc.trust_search_complete,
+            Self::None => false,
+        }
+    }
 }
 
 /// A provider adapter served over gRPC.
@@ -395,10 +441,11 @@ pub struct GrpcAdapterConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpAdapterConfig {
-    /// URL template; `{provider_key}` (the key the provider was called with),
-    /// `{operation_key}`, `{external_id}` and `{namespace}` are replaced by the
-    /// percent-encoded values. A template with `{external_id}` is used only when the
-    /// operation has one.
+    /// URL template: `{provider_key}`, the idempotency key the provider was called with
+    /// (`Operation.provider_key`), percent-encoded, in the path or the query; it is the only
+    /// variable, so a lookup never asks about another key. The scheme, host and port are
+    /// fixed: the lookup and its headers go to that origin only, and redirects are never
+    /// followed.
     pub url: String,
     /// Request headers whose values come from the environment, never from the file.
     #[serde(default)]
@@ -410,12 +457,14 @@ pub struct HttpAdapterConfig {
     /// "not found" (after the grace window) proves absence.
     #[serde(default)]
     pub search_complete: bool,
-    /// HTTP statuses that mean "not found".
+    /// HTTP statuses that mean "not found" (4xx only).
     #[serde(default = "default_absent")]
     pub absent_statuses: Vec<u16>,
     /// When set, an absent status counts as "not found" only if the answer's body matches
-    /// (e.g. `/error` is `not_found`); any other answer with that status is a failed lookup,
-    /// so a wrong URL or a proxy's error page is never taken for proof of absence.
+    /// (e.g. `/error` is `not_found`, and `key_pointer` names the key looked up); any other
+    /// answer with that status is a failed lookup, so a wrong URL or a proxy's error page is
+    /// never taken for proof of absence. Required, with `key_pointer`, by
+    /// `search_complete: true`.
     #[serde(default)]
     pub absent_match: Option<BodyMatch>,
     /// How to read a found object.
@@ -430,7 +479,8 @@ fn default_absent() -> Vec<u16> {
     vec![404]
 }
 
-/// A condition on a JSON answer: the value at `pointer` is one of `values`.
+/// A condition on a JSON answer: the value at `pointer` is one of `values`, and, with
+/// `key_pointer`, the value there is the key looked up.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BodyMatch {
@@ -438,6 +488,11 @@ pub struct BodyMatch {
     pub pointer: String,
     /// Accepted values (strings).
     pub values: Vec<String>,
+    /// JSON Pointer to where the answer names the key it is about (e.g. `/idempotency_key`):
+    /// the string there must equal the provider key looked up, so that another route's or
+    /// another key's "not found" never reads as this key's absence.
+    #[serde(default)]
+    pub key_pointer: Option<String>,
 }
 
 /// A header value taken from an environment variable.
@@ -455,7 +510,8 @@ pub struct HeaderFromEnv {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResponseMapping {
-    /// Where the object's status is; absent means any found object completed.
+    /// Where the object's status is; absent means any found JSON object completed (a
+    /// warning: prefer a status and `succeeded_values`).
     #[serde(default)]
     pub status_pointer: Option<String>,
     /// Status values meaning the effect completed.
@@ -503,6 +559,31 @@ impl Policy {
     /// Errors: every problem found, each with the file, the line and the setting.
     pub fn parse(text: &str, file: &str) -> Result<Self, PolicyError> {
         super::policy_file::parse(text, file)
+    }
+
+    /// Like [`Policy::parse`], with the file's warnings ([`Policy::warnings`]) as a
+    /// [`PolicyError`] whose problems are the warnings (empty when there are none).
+    ///
+    /// Errors: every problem found, each with the file, the line and the setting.
+    pub fn parse_with_warnings(text: &str, file: &str) -> Result<(Self, PolicyError), PolicyError> {
+        let (policy, warnings) = super::policy_file::parse_with_warnings(text, file)?;
+        Ok((
+            policy,
+            PolicyError {
+                file: file.to_owned(),
+                problems: warnings,
+            },
+        ))
+    }
+
+    /// Like [`Policy::load`], with the file's warnings (see [`Policy::parse_with_warnings`]).
+    ///
+    /// Errors: every problem found, each with the file, the line and the setting.
+    pub fn load_with_warnings(path: &Path) -> Result<(Self, PolicyError), PolicyError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PolicyError::single(&file, None, "", format!("cannot read: {e}")))?;
+        Self::parse_with_warnings(&text, &file)
     }
 
     /// Checks what the types alone cannot; every problem names its setting as a path.
@@ -577,6 +658,12 @@ impl Policy {
             if !(0.0..=1.0).contains(&reconcile.jitter) {
                 problem(&at(&["reconcile", "jitter"]), "must be from 0.0 to 1.0");
             }
+            if reconcile.adapter_kind.is_some() {
+                problem(
+                    &at(&["reconcile", "adapter_kind"]),
+                    "is recorded by the journal with each operation, never set in the file",
+                );
+            }
             if let Some(adapter) = &reconcile.adapter
                 && !self.adapters.contains_key(adapter)
             {
@@ -623,6 +710,72 @@ impl Policy {
             }
         }
         problems
+    }
+
+    /// Settings that are allowed but weaken the journal's proof, each with its path and why:
+    /// `absence_grace_seconds: 0` on an action whose adapter can prove absence, and an http
+    /// adapter without `response.status_pointer` (any 2xx JSON object counts as succeeded).
+    /// `check-config` prints them; the server and the reconciler log them at start.
+    pub fn warnings(&self) -> Vec<(Vec<String>, String)> {
+        let mut warnings = Vec::new();
+        let entries = self
+            .actions
+            .iter()
+            .map(|(name, action)| (vec!["actions".to_owned(), name.clone()], action))
+            .chain(
+                self.default_action
+                    .iter()
+                    .map(|a| (vec!["default_action".to_owned()], a)),
+            );
+        for (path, action) in entries {
+            let proves_absence = self
+                .adapter_for(action)
+                .is_some_and(|(_, adapter)| adapter.can_prove_absence());
+            if proves_absence && action.reconcile.absence_grace_seconds == 0 {
+                let mut path = path;
+                path.extend(["reconcile".to_owned(), "absence_grace_seconds".to_owned()]);
+                warnings.push((
+                    path,
+                    "0 lets the first \"not found\" release the operation for another attempt, \
+                     with no time for the provider's search to catch up with its writes; a search \
+                     that lags behind gives a second effect"
+                        .to_owned(),
+                ));
+            }
+        }
+        for (name, adapter) in &self.adapters {
+            if let AdapterConfig::Http(http) = adapter
+                && http.response.status_pointer.is_none()
+            {
+                warnings.push((
+                    ["adapters", name.as_str(), "response", "status_pointer"]
+                        .map(str::to_owned)
+                        .to_vec(),
+                    "is not set, so any 2xx JSON object the lookup gets counts as succeeded; \
+                     set status_pointer and succeeded_values so that only a completed object does"
+                        .to_owned(),
+                ));
+            }
+        }
+        warnings
+    }
+
+    /// Records, in each action's `reconcile.adapter_kind`, the kind of the adapter it names,
+    /// so that operations registered under it keep it (see [`ReconcilePolicy::adapter_kind`]).
+    pub fn record_adapter_kinds(&mut self) {
+        let adapters = &self.adapters;
+        for action in self
+            .actions
+            .values_mut()
+            .chain(self.default_action.as_mut())
+        {
+            action.reconcile.adapter_kind = action
+                .reconcile
+                .adapter
+                .as_deref()
+                .and_then(|name| adapters.get(name))
+                .map(AdapterConfig::kind);
+        }
     }
 
     /// The policy for an action type, or `None` when it is not configured.
@@ -697,31 +850,61 @@ impl Policy {
 /// Largest `result.max_bytes`, in bytes.
 pub const MAX_RESULT_MAX_BYTES: usize = 1_048_576;
 
-fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)> {
-    if !(http.url.starts_with("http://") || http.url.starts_with("https://")) {
-        return Err(("url", "must start with http:// or https://".into()));
-    }
-    if !["{provider_key}", "{operation_key}", "{external_id}"]
-        .iter()
-        .any(|p| http.url.contains(p))
-    {
-        return Err((
-            "url",
-            "must contain {provider_key}, {operation_key} or {external_id}".into(),
-        ));
-    }
+/// The variables an http adapter's `url` may contain: the provider key only.
+pub const URL_VARIABLES: &[&str] = &["provider_key"];
+
+/// Checks an http adapter's settings; the error names the setting and what is wrong.
+pub fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)> {
+    validate_url_template(&http.url).map_err(|message| ("url", message))?;
     if !(http.timeout_seconds > 0.0 && http.timeout_seconds <= 300.0) {
         return Err((
             "timeout_seconds",
             "must be greater than 0 and at most 300".into(),
         ));
     }
-    if http.search_complete && http.absent_match.is_none() {
+    if let Some(status) = http
+        .absent_statuses
+        .iter()
+        .find(|s| !(400..=499).contains(*s))
+    {
         return Err((
-            "absent_match",
-            "is required with search_complete: true, so that only the provider's own \
-             \"no such object\" answer (not a wrong URL or a proxy's 404) proves absence"
-                .into(),
+            "absent_statuses",
+            format!(
+                "{status} cannot mean \"not found\": only 4xx answers may (a redirect, a \
+                 success or a server error never proves absence)"
+            ),
+        ));
+    }
+    if http.search_complete {
+        let Some(absent) = &http.absent_match else {
+            return Err((
+                "absent_match",
+                "is required with search_complete: true, so that only the provider's own \
+                 \"no such object\" answer (not a wrong URL or a proxy's 404) proves absence"
+                    .into(),
+            ));
+        };
+        if absent.key_pointer.is_none() {
+            return Err((
+                "absent_match",
+                "key_pointer is required with search_complete: true: the \"not found\" answer \
+                 must name the key it is about (the value at key_pointer equal to the provider \
+                 key), so that another route's or another key's \"not found\" (a lookup by id, \
+                 a moved endpoint) never proves absence; set search_complete: false if the \
+                 provider's answer does not name the key (unknown outcomes then go to review)"
+                    .into(),
+            ));
+        }
+    }
+    if let Some(absent) = &http.absent_match
+        && absent.values.is_empty()
+    {
+        return Err(("absent_match", "values must name at least one value".into()));
+    }
+    if http.response.status_pointer.is_some() && http.response.succeeded_values.is_empty() {
+        return Err((
+            "response",
+            "succeeded_values must name at least one status when status_pointer is set".into(),
         ));
     }
     let pointers = http
@@ -729,6 +912,11 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)>
         .status_pointer
         .iter()
         .chain(http.absent_match.iter().map(|m| &m.pointer))
+        .chain(
+            http.absent_match
+                .iter()
+                .filter_map(|m| m.key_pointer.as_ref()),
+        )
         .chain(http.response.external_id_pointer.iter());
     for pointer in pointers {
         if !pointer.starts_with('/') {
@@ -747,6 +935,82 @@ fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)>
                 format!("{header}.env must name an environment variable"),
             ));
         }
+    }
+    Ok(())
+}
+
+/// Checks an http adapter's `url` template: `http://` or `https://`, `{provider_key}` in the
+/// path or the query (never in the scheme, host or port, which are fixed), and no other
+/// variable: `{operation_key}` differs from the provider key in any namespace but `default`
+/// and for keys with `/`, and `{namespace}`, `{external_id}` or any other name ask about
+/// something the provider was not called with, whose "not found" would read as absence.
+///
+/// Errors: why the template is refused.
+pub fn validate_url_template(url: &str) -> Result<(), String> {
+    let Some(rest) = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+    else {
+        return Err("must start with http:// or https://".into());
+    };
+    let mut tail = url;
+    while let Some(open) = tail.find('{') {
+        let after = &tail[open + 1..];
+        let Some(close) = after.find('}') else {
+            return Err("has a '{' without a closing '}'".into());
+        };
+        let name = &after[..close];
+        if !URL_VARIABLES.contains(&name) {
+            let why = match name {
+                "operation_key" => {
+                    "names the journal's key, which is not the key the provider was called \
+                     with in any namespace but default nor for keys with '/' (t1/key, \
+                     default/a/b); the provider's \"not found\" for it would release an \
+                     operation that took effect"
+                }
+                "external_id" => {
+                    "asks about the provider's id, not the key the provider was called with; \
+                     a \"not found\" for it says nothing about that key"
+                }
+                "namespace" => {
+                    "is part of the provider key already; a lookup must ask about the whole \
+                     provider key"
+                }
+                _ => "is not a lookup variable",
+            };
+            return Err(format!(
+                "{{{name}}} {why}: use {{provider_key}}, the only variable"
+            ));
+        }
+        tail = &after[close + 1..];
+    }
+    if !url.contains("{provider_key}") {
+        return Err("must contain {provider_key}, the key the provider was called with".into());
+    }
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    if rest[..authority_end].contains('{') {
+        return Err(
+            "{provider_key} must be in the path or the query: the scheme, host and port are \
+             fixed, so lookups and their headers go to one origin"
+                .into(),
+        );
+    }
+    if url.contains('#') {
+        return Err(
+            "must not have a fragment ('#'): it is never sent to the provider, so a key there \
+             is not asked about"
+                .into(),
+        );
+    }
+    let sample = url.replace("{provider_key}", "key");
+    match reqwest::Url::parse(&sample) {
+        Ok(parsed) if parsed.host().is_some() => {}
+        _ => return Err("is not a valid URL".into()),
+    }
+    if rest[..authority_end].contains('@') {
+        return Err(
+            "must not carry credentials; give them in headers read from the environment".into(),
+        );
     }
     Ok(())
 }
@@ -799,7 +1063,7 @@ adapters:
     kind: http
     url: "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{provider_key}"
     search_complete: true
-    absent_match: { pointer: /error, values: [not_found] }
+    absent_match: { pointer: /error, values: [not_found], key_pointer: /idempotency_key }
     response:
       status_pointer: /status
       succeeded_values: [succeeded]
@@ -954,6 +1218,181 @@ adapters:
         assert!(
             err.to_string().contains("defaults.result_deny_fields"),
             "{err}"
+        );
+    }
+
+    /// The problem messages of `text` (empty when it parses).
+    fn refusals(text: &str) -> String {
+        Policy::parse(text, "policy.yaml")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_lookup_url_naming_anything_but_the_provider_key_is_refused_with_the_reason() {
+        let url = "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{provider_key}";
+        for (template, expected) in [
+            (
+                "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{operation_key}",
+                "adapters.payments.url: {operation_key} names the journal's key, which is not \
+                 the key the provider was called with",
+            ),
+            (
+                "http://127.0.0.1:8081/v1/payments/{external_id}",
+                "adapters.payments.url: {external_id} asks about the provider's id",
+            ),
+            (
+                "http://127.0.0.1:8081/v1/{namespace}/payments/{provider_key}",
+                "adapters.payments.url: {namespace} is part of the provider key already",
+            ),
+            (
+                "http://127.0.0.1:8081/v1/payments/{key}",
+                "adapters.payments.url: {key} is not a lookup variable",
+            ),
+            (
+                "http://127.0.0.1:8081/v1/payments/latest",
+                "adapters.payments.url: must contain {provider_key}",
+            ),
+            (
+                "http://{provider_key}.example.com/v1/payments",
+                "adapters.payments.url: {provider_key} must be in the path or the query",
+            ),
+            (
+                "http://user:pw@127.0.0.1:8081/v1/payments/{provider_key}",
+                "adapters.payments.url: must not carry credentials",
+            ),
+            (
+                "http://127.0.0.1:8081/v1/payments#{provider_key}",
+                "adapters.payments.url: must not have a fragment",
+            ),
+            (
+                "ftp://127.0.0.1/{provider_key}",
+                "adapters.payments.url: must start with http:// or https://",
+            ),
+        ] {
+            let text = EXAMPLE.replace(url, template);
+            let error = refusals(&text);
+            assert!(error.contains(expected), "{template}: {error}");
+        }
+        let query = EXAMPLE.replace(
+            url,
+            "https://api.example.com/v1/payments?key={provider_key}",
+        );
+        assert_eq!(refusals(&query), "");
+    }
+
+    #[test]
+    fn absence_rules_that_cannot_tell_a_wrong_route_from_a_missing_object_are_refused() {
+        let rule =
+            "absent_match: { pointer: /error, values: [not_found], key_pointer: /idempotency_key }";
+        for (replacement, expected) in [
+            (
+                "absent_match: { pointer: /error, values: [not_found] }",
+                "adapters.payments.absent_match: key_pointer is required with search_complete: true",
+            ),
+            (
+                "absent_statuses: [302]",
+                "adapters.payments.absent_statuses: 302 cannot mean \"not found\"",
+            ),
+            (
+                "absent_statuses: [200]",
+                "adapters.payments.absent_statuses: 200 cannot mean \"not found\"",
+            ),
+            (
+                "absent_statuses: [503]",
+                "adapters.payments.absent_statuses: 503 cannot mean \"not found\"",
+            ),
+            (
+                "absent_match: { pointer: /error, values: [], key_pointer: /idempotency_key }",
+                "adapters.payments.absent_match: values must name at least one value",
+            ),
+            (
+                "absent_match: { pointer: /error, values: [not_found], key_pointer: key }",
+                "adapters.payments.response: 'key' is not a JSON Pointer",
+            ),
+        ] {
+            let text = EXAMPLE.replace(rule, replacement);
+            let error = refusals(&text);
+            assert!(error.contains(expected), "{replacement}: {error}");
+        }
+        // Without a complete search, "not found" never releases: no key_pointer needed.
+        let incomplete = EXAMPLE
+            .replace(
+                rule,
+                "absent_match: { pointer: /error, values: [not_found] }",
+            )
+            .replace("search_complete: true", "search_complete: false");
+        assert_eq!(refusals(&incomplete), "");
+    }
+
+    #[test]
+    fn a_success_rule_that_no_status_can_meet_is_refused_and_one_that_any_answer_meets_warned() {
+        let text = EXAMPLE.replace("      succeeded_values: [succeeded]\n", "");
+        assert!(
+            refusals(&text).contains(
+                "adapters.payments.response: succeeded_values must name at least one status"
+            ),
+            "{}",
+            refusals(&text)
+        );
+        let text = EXAMPLE.replace(
+            "      status_pointer: /status\n      succeeded_values: [succeeded]\n",
+            "",
+        );
+        let (_, warnings) = Policy::parse_with_warnings(&text, "policy.yaml").unwrap();
+        let warnings = warnings.to_string();
+        assert!(
+            warnings.contains(
+                "adapters.payments.response.status_pointer: is not set, so any 2xx JSON object \
+                 the lookup gets counts as succeeded"
+            ),
+            "{warnings}"
+        );
+    }
+
+    #[test]
+    fn no_grace_window_is_warned_about_with_its_line() {
+        let (_, warnings) = Policy::parse_with_warnings(EXAMPLE, "policy.yaml").unwrap();
+        assert!(warnings.problems.is_empty(), "{warnings}");
+        let text = EXAMPLE.replace("absence_grace_seconds: 60", "absence_grace_seconds: 0");
+        let (_, warnings) = Policy::parse_with_warnings(&text, "policy.yaml").unwrap();
+        assert_eq!(
+            warnings.to_string(),
+            "policy.yaml:12: actions.create_payment.reconcile.absence_grace_seconds: 0 lets the \
+             first \"not found\" release the operation for another attempt, with no time for \
+             the provider's search to catch up with its writes; a search that lags behind gives \
+             a second effect"
+        );
+        // An adapter that cannot prove absence makes the grace window moot.
+        let text = text.replace("search_complete: true", "search_complete: false");
+        let (_, warnings) = Policy::parse_with_warnings(&text, "policy.yaml").unwrap();
+        assert!(warnings.problems.is_empty(), "{warnings}");
+    }
+
+    #[test]
+    fn the_adapters_kind_is_recorded_with_each_action_and_never_read_from_the_file() {
+        let text = format!("{EXAMPLE}  email_none:\n    kind: none\n").replace(
+            "  charge_deduplicated:\n",
+            "  send_email:\n    reconcile: {adapter: email_none}\n  charge_deduplicated:\n",
+        );
+        let policy = Policy::parse(&text, "policy.yaml").unwrap();
+        let kind = |action: &str| policy.actions[action].reconcile.adapter_kind;
+        assert_eq!(kind("create_payment"), Some(AdapterKind::Http));
+        assert_eq!(kind("send_email"), Some(AdapterKind::None));
+        assert_eq!(kind("charge_deduplicated"), None);
+        let recorded = serde_json::to_value(&policy.actions["send_email"]).unwrap();
+        assert_eq!(recorded["reconcile"]["adapter_kind"], "none");
+
+        let text = text.replace(
+            "reconcile: {adapter: email_none}",
+            "reconcile: {adapter: email_none, adapter_kind: http}",
+        );
+        assert!(
+            refusals(&text)
+                .contains("actions.send_email.reconcile.adapter_kind: is recorded by the journal"),
+            "{}",
+            refusals(&text)
         );
     }
 

@@ -209,6 +209,15 @@ const TOP_LEVEL: &[&str] = &[
 
 /// Parses and validates a policy; see [`Policy::parse`].
 pub(super) fn parse(text: &str, file: &str) -> Result<Policy, PolicyError> {
+    parse_with_warnings(text, file).map(|(policy, _)| policy)
+}
+
+/// Parses and validates a policy, with its warnings (see [`Policy::warnings`]), each with
+/// its line and setting.
+pub(super) fn parse_with_warnings(
+    text: &str,
+    file: &str,
+) -> Result<(Policy, Vec<PolicyProblem>), PolicyError> {
     let root: Node = serde_saphyr::from_str(text)
         .map_err(|e| PolicyError::single(file, None, "", e.to_string()))?;
     let mut problems = Vec::new();
@@ -303,7 +312,17 @@ pub(super) fn parse(text: &str, file: &str) -> Result<Policy, PolicyError> {
         })
         .collect();
     if problems.is_empty() {
-        Ok(policy)
+        let warnings = policy
+            .warnings()
+            .into_iter()
+            .map(|(path, message)| {
+                let path = resolve_alias(&root, path);
+                problem(&root, &path, message)
+            })
+            .collect();
+        let mut policy = policy;
+        policy.record_adapter_kinds();
+        Ok((policy, warnings))
     } else {
         Err(PolicyError {
             file: file.to_owned(),

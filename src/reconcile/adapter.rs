@@ -39,10 +39,19 @@ pub trait ProviderAdapter: Send + Sync {
     async fn lookup(&self, request: &LookupRequest) -> Observation;
 }
 
-/// The adapters of a policy, built once at start.
+/// One named adapter of a set: one that looks operations up, or a `kind: none` adapter.
+#[derive(Clone)]
+pub enum AdapterEntry {
+    /// An adapter that looks operations up.
+    Lookup(Arc<dyn ProviderAdapter>),
+    /// `kind: none`: operations under it are never looked up; they go to review.
+    NoLookup,
+}
+
+/// The adapters of a policy, built once at start, `kind: none` ones included.
 #[derive(Clone, Default)]
 pub struct AdapterSet {
-    adapters: BTreeMap<String, Arc<dyn ProviderAdapter>>,
+    adapters: BTreeMap<String, AdapterEntry>,
 }
 
 /// An adapter that cannot be built (e.g. a header's environment variable is not set).
@@ -60,20 +69,20 @@ impl AdapterSet {
     ///
     /// Errors: a missing environment variable or an unusable HTTP client.
     pub fn from_policy(policy: &Policy) -> Result<Self, AdapterError> {
-        let mut adapters: BTreeMap<String, Arc<dyn ProviderAdapter>> = BTreeMap::new();
+        let mut adapters = BTreeMap::new();
         for (name, config) in &policy.adapters {
             let error = |message| AdapterError {
                 adapter: name.clone(),
                 message,
             };
-            let adapter: Arc<dyn ProviderAdapter> = match config {
-                AdapterConfig::Http(http) => {
-                    Arc::new(HttpAdapter::new((**http).clone()).map_err(error)?)
-                }
-                AdapterConfig::Grpc(grpc) => {
-                    Arc::new(super::grpc::GrpcAdapter::new(grpc).map_err(error)?)
-                }
-                AdapterConfig::None => continue,
+            let adapter = match config {
+                AdapterConfig::Http(http) => AdapterEntry::Lookup(Arc::new(
+                    HttpAdapter::new((**http).clone()).map_err(error)?,
+                )),
+                AdapterConfig::Grpc(grpc) => AdapterEntry::Lookup(Arc::new(
+                    super::grpc::GrpcAdapter::new(grpc).map_err(error)?,
+                )),
+                AdapterConfig::None => AdapterEntry::NoLookup,
             };
             adapters.insert(name.clone(), adapter);
         }
@@ -82,12 +91,29 @@ impl AdapterSet {
 
     /// Adds or replaces an adapter (for adapters not described by the policy file).
     pub fn insert(&mut self, name: impl Into<String>, adapter: Arc<dyn ProviderAdapter>) {
-        self.adapters.insert(name.into(), adapter);
+        self.adapters
+            .insert(name.into(), AdapterEntry::Lookup(adapter));
     }
 
     /// The adapter named `name`, if it can look anything up.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn ProviderAdapter>> {
+        match self.adapters.get(name) {
+            Some(AdapterEntry::Lookup(adapter)) => Some(adapter),
+            Some(AdapterEntry::NoLookup) | None => None,
+        }
+    }
+
+    /// The adapter named `name`, `kind: none` included; `None` when there is none by that
+    /// name.
+    pub fn entry(&self, name: &str) -> Option<&AdapterEntry> {
         self.adapters.get(name)
+    }
+
+    /// The adapter named `name` with the set's own copy of the name.
+    pub fn entry_named(&self, name: &str) -> Option<(&str, &AdapterEntry)> {
+        self.adapters
+            .get_key_value(name)
+            .map(|(name, entry)| (name.as_str(), entry))
     }
 }
 
@@ -101,19 +127,30 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
 /// Largest provider answer read, in bytes.
 const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
-/// A JSON-over-HTTP lookup by idempotency key or external id.
+/// A JSON-over-HTTP lookup by the key the provider was called with.
+///
+/// It asks the configured origin only: redirects are never followed (a 3xx answer is a
+/// failed lookup, `redirect_<status>`), no `Referer` is sent, and a URL whose origin differs
+/// from the template's is never requested, so the headers (credentials) reach that origin
+/// only.
 pub struct HttpAdapter {
     config: HttpAdapterConfig,
     client: reqwest::Client,
     headers: reqwest::header::HeaderMap,
+    origin: reqwest::Url,
 }
 
 impl HttpAdapter {
     /// Builds the adapter; header values are read from the environment now.
     ///
-    /// Errors: a message naming the missing variable or the bad header.
+    /// Errors: a message naming the refused setting (the same checks as the policy file's,
+    /// see [`crate::domain::policy::validate_http`]), the missing variable or the bad header.
     pub fn new(config: HttpAdapterConfig) -> Result<Self, String> {
         install_crypto_provider();
+        crate::domain::policy::validate_http(&config)
+            .map_err(|(setting, message)| format!("{setting}: {message}"))?;
+        let origin = reqwest::Url::parse(&config.url.replace("{provider_key}", "key"))
+            .map_err(|_| "url: is not a valid URL".to_owned())?;
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, source) in &config.headers {
             let value = std::env::var(&source.env).map_err(|_| {
@@ -134,45 +171,38 @@ impl HttpAdapter {
         }
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs_f64(config.timeout_seconds))
+            .redirect(reqwest::redirect::Policy::none())
+            .referer(false)
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Self {
             config,
             client,
             headers,
+            origin,
         })
     }
 
-    fn url(&self, request: &LookupRequest) -> Option<String> {
-        let template = &self.config.url;
-        if template.contains("{external_id}") && request.external_id.is_none() {
-            return None;
-        }
+    /// The lookup's URL: the template with the provider key, percent-encoded; `None` when it
+    /// would not address that key at the configured origin.
+    fn url(&self, request: &LookupRequest) -> Option<reqwest::Url> {
         // "." and ".." would be removed from the path as dot segments and address another
         // resource, whose 404 would then read as "absent".
-        let values = [
-            request.provider_key.as_str(),
-            request.operation_key.as_str(),
-            request.namespace.as_str(),
-            request.external_id.as_deref().unwrap_or_default(),
-        ];
-        if values.iter().any(|v| matches!(*v, "." | "..")) {
+        if matches!(request.provider_key.as_str(), "" | "." | "..") {
             return None;
         }
-        let encode = |v: &str| utf8_percent_encode(v, SEGMENT).to_string();
-        Some(
-            template
-                .replace("{provider_key}", &encode(&request.provider_key))
-                .replace("{operation_key}", &encode(&request.operation_key))
-                .replace("{namespace}", &encode(&request.namespace))
-                .replace(
-                    "{external_id}",
-                    &encode(request.external_id.as_deref().unwrap_or_default()),
-                ),
-        )
+        let key = utf8_percent_encode(&request.provider_key, SEGMENT).to_string();
+        let url = reqwest::Url::parse(&self.config.url.replace("{provider_key}", &key)).ok()?;
+        (url.origin() == self.origin.origin()).then_some(url)
     }
 
     fn read_found(&self, body: &Value) -> Observation {
+        // `null`, a bare string or a list is no object the provider found.
+        if !body.is_object() {
+            return Observation::LookupFailed {
+                code: "response_not_object".into(),
+            };
+        }
         let mapping = &self.config.response;
         let text_at = |pointer: &Option<String>| {
             pointer
@@ -241,7 +271,7 @@ impl ProviderAdapter for HttpAdapter {
         crate::telemetry::propagation::inject_current(&mut headers);
         let response = match self
             .client
-            .get(&url)
+            .get(url)
             .headers(headers)
             .header(reqwest::header::ACCEPT, "application/json")
             .send()
@@ -260,6 +290,13 @@ impl ProviderAdapter for HttpAdapter {
             }
         };
         let status = response.status().as_u16();
+        // A redirect is never followed and never read: the answer of another origin (a
+        // gateway, a moved endpoint, a login page) proves nothing about this key.
+        if response.status().is_redirection() {
+            return Observation::LookupFailed {
+                code: format!("redirect_{status}"),
+            };
+        }
         if self.config.absent_statuses.contains(&status) {
             if let Some(expected) = &self.config.absent_match {
                 let body = read_json(response).await;
@@ -271,6 +308,19 @@ impl ProviderAdapter for HttpAdapter {
                 if !matched {
                     return Observation::LookupFailed {
                         code: format!("unexpected_{status}"),
+                    };
+                }
+                // The answer must be about the key asked for: another route's (by id) or
+                // another key's "not found" is no proof of this key's absence.
+                let names_key = expected.key_pointer.as_ref().is_none_or(|pointer| {
+                    body.as_ref()
+                        .and_then(|b| b.pointer(pointer))
+                        .and_then(Value::as_str)
+                        .is_some_and(|named| named == request.provider_key)
+                });
+                if !names_key {
+                    return Observation::LookupFailed {
+                        code: format!("absent_{status}_for_another_key"),
                     };
                 }
             }

@@ -31,7 +31,7 @@ use crate::domain::error::JournalError;
 use crate::domain::model::{
     ActionType, Attribution, ExternalId, Namespace, OperationEvent, OperationRecord, Status,
 };
-use crate::domain::policy::{ActionPolicy, Policy, ResultSource};
+use crate::domain::policy::{ActionPolicy, AdapterKind, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
 use crate::journal::{OperationRef, PageToken, RequestLimits, page_limit};
 use crate::store::{
@@ -40,7 +40,7 @@ use crate::store::{
 };
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
-pub use adapter::{AdapterSet, LookupRequest, Observation, ProviderAdapter};
+pub use adapter::{AdapterEntry, AdapterSet, LookupRequest, Observation, ProviderAdapter};
 pub use command::{History, Resolve, ReviewDecision, ReviewFilter, ReviewQueue};
 use tracing::Instrument as _;
 use tracing::field::Empty;
@@ -295,20 +295,47 @@ impl Reconciler {
         self.apply(record, &action, observation).await
     }
 
-    /// The adapter the operation was registered with; if the policy file no longer defines
-    /// it, the one the file names for the action type today (an adapter's endpoint and
-    /// credentials always come from today's file).
+    /// The adapter that may look the operation up, by the rules it was registered under
+    /// (`action`), or `None` for no lookup (the operation goes to review):
+    ///
+    /// - no adapter recorded, or one recorded as `kind: none`: no lookup, whatever today's
+    ///   file says (a changed file never turns "no lookup" into a lookup);
+    /// - the recorded adapter in today's file: that adapter, with today's endpoint and
+    ///   credentials; no lookup if it is `kind: none` today;
+    /// - the recorded adapter gone from today's file: the adapter today's file names for the
+    ///   action, but only when the operation was recorded under a lookup (`http` or `grpc`);
+    ///   operations recorded before adapter kinds were kept go to review.
     fn adapter_for<'a>(
         &'a self,
         record: &OperationRecord,
-        action: &'a ActionPolicy,
+        action: &ActionPolicy,
     ) -> Option<(&'a str, &'a Arc<dyn ProviderAdapter>)> {
-        let today = self.policy.action(&record.action_type);
-        [Some(action), today]
-            .into_iter()
-            .flatten()
-            .filter_map(|a| a.reconcile.adapter.as_deref())
-            .find_map(|name| self.adapters.get(name).map(|adapter| (name, adapter)))
+        let recorded = action.reconcile.adapter.as_deref()?;
+        let kind = action.reconcile.adapter_kind;
+        if kind.is_some_and(|kind| !kind.looks_up()) {
+            return None;
+        }
+        if let Some((name, entry)) = self.adapters.entry_named(recorded) {
+            return match entry {
+                AdapterEntry::Lookup(adapter) => Some((name, adapter)),
+                AdapterEntry::NoLookup => None,
+            };
+        }
+        if !kind.is_some_and(AdapterKind::looks_up) {
+            return None;
+        }
+        let today = self
+            .policy
+            .action(&record.action_type)?
+            .reconcile
+            .adapter
+            .as_deref()?;
+        self.adapters
+            .entry_named(today)
+            .and_then(|(name, entry)| match entry {
+                AdapterEntry::Lookup(adapter) => Some((name, adapter)),
+                AdapterEntry::NoLookup => None,
+            })
     }
 
     /// What a provider says is input too: an id the journal cannot store, or a result it may

@@ -85,7 +85,10 @@ pub(crate) async fn by_reference(
         crate::payments::note_traceparent(&mut store, &reference, &headers);
         store.email_by_reference(&reference)
     };
-    found
-        .map(|(email, count)| Json(EmailLookup { email, count }).into_response())
-        .ok_or_else(|| ApiError::not_found("no e-mail with this external reference"))
+    Ok(match found {
+        Some((email, count)) => Json(EmailLookup { email, count }).into_response(),
+        None => ApiError::not_found("no e-mail with this external reference")
+            .naming("external_reference", reference)
+            .into_response(),
+    })
 }

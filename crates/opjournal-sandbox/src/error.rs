@@ -17,6 +17,8 @@ pub(crate) struct ApiError {
     pub code: &'static str,
     /// Human-readable explanation, the body's `message` member.
     pub message: String,
+    /// One more member naming what the answer is about, e.g. `("idempotency_key", key)`.
+    pub about: Option<(&'static str, String)>,
 }
 
 impl ApiError {
@@ -26,7 +28,15 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            about: None,
         }
+    }
+
+    /// The same answer naming what it is about in the member `name` (a lookup's "not found"
+    /// names the key it looked up, so a wrong route's answer cannot pass for it).
+    pub fn naming(mut self, name: &'static str, value: String) -> Self {
+        self.about = Some((name, value));
+        self
     }
 
     /// 400 `invalid_request`.
@@ -57,7 +67,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": self.code, "message": self.message });
+        let mut body = json!({ "error": self.code, "message": self.message });
+        if let Some((name, value)) = self.about {
+            body[name] = serde_json::Value::String(value);
+        }
         (self.status, Json(body)).into_response()
     }
 }

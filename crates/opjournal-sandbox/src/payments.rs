@@ -115,9 +115,12 @@ pub(crate) async fn by_key(
         note_traceparent(&mut store, &key, &headers);
         store.payment_by_key(&key)
     };
-    found
-        .map(|payment| Json(payment).into_response())
-        .ok_or_else(|| ApiError::not_found("no payment with this idempotency key"))
+    Ok(match found {
+        Some(payment) => Json(payment).into_response(),
+        None => ApiError::not_found("no payment with this idempotency key")
+            .naming("idempotency_key", key)
+            .into_response(),
+    })
 }
 
 /// `GET /v1/payments/{id}`: the payment, or 404 when unknown or not yet

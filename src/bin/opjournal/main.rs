@@ -117,6 +117,9 @@ async fn main() -> anyhow::Result<ExitCode> {
             let serve_options = app::serve_options(&config, &Metrics::disabled())?;
             app::console_options(&config, &serve_options)?;
             TelemetryOptions::from_env("opjournal-server")?;
+            for warning in app::policy_warnings(&config)? {
+                eprintln!("warning: {warning}");
+            }
             println!("configuration and policy are valid");
             Ok(ExitCode::SUCCESS)
         }

@@ -1,0 +1,503 @@
+//! Lookups that cannot be misled, over real gRPC, Postgres and the sandbox provider: a
+//! redirect is a failed lookup (and carries no credentials anywhere), a lookup asks about the
+//! key the provider was called with in every namespace, an operation recorded under a
+//! `kind: none` adapter is never looked up by a later file, and another route's "not found"
+//! never releases an operation. In each, the provider's effect count stays 1.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use common::*;
+use opjournal::domain::policy::Policy;
+use opjournal::proto::{Decision, OperationStatus};
+use opjournal::reconcile::worker::{Worker, WorkerConfig};
+use opjournal::reconcile::{AdapterSet, Reconciler};
+use opjournal_sandbox::SandboxConfig;
+use sqlx::PgPool;
+
+/// The requests an HTTP server received: path and headers, oldest first.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<(String, HeaderMap)>>>);
+
+impl Seen {
+    fn requests(&self) -> Vec<(String, HeaderMap)> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Serves `answer` for every request on a free loopback port, recording each request;
+/// returns the origin (`http://127.0.0.1:PORT`).
+async fn recording_server(
+    seen: Seen,
+    answer: impl Fn(&Uri) -> Response + Clone + Send + Sync + 'static,
+) -> String {
+    let router = Router::new().fallback(move |uri: Uri, headers: HeaderMap| {
+        let (seen, answer) = (seen.clone(), answer.clone());
+        async move {
+            seen.0
+                .lock()
+                .unwrap()
+                .push((uri.path().to_owned(), headers));
+            answer(&uri)
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    format!("http://{address}")
+}
+
+/// The last path segment, percent-decoded: the key a by-key lookup asked about.
+fn last_segment(uri: &Uri) -> String {
+    let segment = uri.path().rsplit('/').next().unwrap_or_default();
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// A worker over `app`'s database and clock under the policy `yaml` (a later file than the
+/// one the operations were registered under, when it differs).
+fn worker_under(app: &TestApp, yaml: &str) -> Worker {
+    let policy = Arc::new(Policy::parse(yaml, "later-policy.yaml").unwrap());
+    let adapters = AdapterSet::from_policy(&policy).unwrap();
+    let store = app.db.database().with_clock(app.clock.clone()).store();
+    Worker::new(
+        Reconciler::new(store, policy, adapters, "worker-a"),
+        WorkerConfig {
+            poll_interval: Duration::from_millis(100),
+            claim_hold: Duration::from_secs(60),
+            ..WorkerConfig::default()
+        },
+    )
+}
+
+/// The history's reasons for the default namespace's `key`, oldest first.
+async fn history(app: &TestApp, key: &str) -> Vec<String> {
+    app.reconciler
+        .clone()
+        .get_operation_history(opjournal::proto::GetOperationHistoryRequest {
+            operation_key: key.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events
+        .into_iter()
+        .map(|event| event.reason)
+        .collect()
+}
+
+/// What the last worker lookup of `key` in `namespace` saw and did, as recorded on the row
+/// (`last_reason`; the history gets an entry when the status or review state changes).
+async fn last_reason(app: &TestApp, namespace: &str, key: &str) -> String {
+    let namespace = if namespace.is_empty() {
+        "default"
+    } else {
+        namespace
+    };
+    sqlx::query_scalar(
+        "SELECT last_reason FROM agent_operations WHERE namespace = $1 AND operation_key = $2",
+    )
+    .bind(namespace)
+    .bind(key)
+    .fetch_one(app.pool())
+    .await
+    .unwrap()
+}
+
+/// The operation `key` of `namespace`.
+async fn operation(app: &TestApp, namespace: &str, key: &str) -> opjournal::proto::Operation {
+    app.journal
+        .clone()
+        .get_operation(opjournal::proto::GetOperationRequest {
+            namespace: namespace.into(),
+            operation_key: key.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .operation
+        .unwrap()
+}
+
+/// Begins a payment in `namespace`, pays at the sandbox with the provider key the Begin
+/// named (the answer is lost after the payment is stored) and reports the outcome unknown.
+/// Returns the provider key.
+async fn lost_payment(app: &TestApp, namespace: &str, key: &str, action: &str) -> String {
+    let begin = app
+        .begin_in(namespace, key, action, PAY_817, 0)
+        .await
+        .unwrap();
+    assert_eq!(decision(&begin), Decision::Execute);
+    let provider_key = begin.operation.as_ref().unwrap().provider_key.clone();
+    assert!(
+        app.pay(&provider_key, PAY_817, Some("commit-then-timeout"))
+            .await
+            .is_none()
+    );
+    app.report_unknown(&begin.lease_token).await;
+    assert_eq!(app.counts(&provider_key).effects, 1);
+    provider_key
+}
+
+/// The payment lookup of the tests, at `url` (with `{provider_key}`), sending `X-Api-Key`
+/// from the environment, declaring its search complete, with no grace window: a "not found"
+/// it believed would release the operation at the first lookup.
+fn payments_policy(url: &str) -> String {
+    format!(
+        r#"
+actions:
+  create_payment:
+    reconcile:
+      adapter: payments
+      first_check_after_seconds: 0
+      absence_grace_seconds: 0
+    unknown_after_seconds: 600
+adapters:
+  payments:
+    kind: http
+    url: "{url}"
+    headers:
+      X-Api-Key: {{ env: PATH, prefix: "secret-" }}
+    timeout_seconds: 2
+    search_complete: true
+    absent_match: {{ pointer: /error, values: [not_found], key_pointer: /idempotency_key }}
+    response: {{ status_pointer: /status, succeeded_values: [succeeded], external_id_pointer: /id }}
+"#
+    )
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_redirect_to_another_origin_is_a_failed_lookup_and_carries_no_secret(pool: PgPool) {
+    // Another origin whose "not found" matches the absence rule exactly, key included.
+    let target_seen = Seen::default();
+    let target = recording_server(target_seen.clone(), |uri| {
+        let body = serde_json::json!({"error": "not_found", "idempotency_key": last_segment(uri)});
+        (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+    })
+    .await;
+    // The configured origin answers every lookup with a redirect there (a gateway, a moved
+    // endpoint, a login page).
+    let gateway_seen = Seen::default();
+    let gateway = recording_server(gateway_seen.clone(), move |uri| {
+        let location = format!("{target}{}", uri.path());
+        (StatusCode::FOUND, [("location", location)]).into_response()
+    })
+    .await;
+    let url = format!("{gateway}/v1/payments/by-idempotency-key/{{provider_key}}");
+    let app = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        move |_| payments_policy(&url),
+        None,
+    )
+    .await;
+    let provider_key = lost_payment(&app, "", PAYMENT_KEY, "create_payment").await;
+
+    let worker = app.worker("worker-a");
+    let stats = worker.tick().await.unwrap();
+    assert_eq!((stats.looked_up, stats.released), (1, 0), "{stats:?}");
+    let op = app.get(PAYMENT_KEY).await;
+    assert_eq!(op_status(&op), OperationStatus::Unknown);
+    assert_eq!(
+        last_reason(&app, "", PAYMENT_KEY).await,
+        "lookup_failed:redirect_302"
+    );
+
+    let again = app
+        .begin(PAYMENT_KEY, "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert_eq!(decision(&again), Decision::VerificationRequired);
+    assert_eq!(app.counts(&provider_key).effects, 1);
+    assert_eq!(app.counts(&provider_key).requests, 1);
+
+    // Still redirected at the deadline: a person decides, and the history says why.
+    app.clock.advance(Duration::from_secs(601));
+    let stats = worker.tick().await.unwrap();
+    assert_eq!((stats.escalated, stats.released), (1, 0), "{stats:?}");
+    let history = history(&app, PAYMENT_KEY).await;
+    assert_eq!(
+        history.last().unwrap(),
+        "lookup_failed:redirect_302; escalated:unresolved_after_deadline",
+        "{history:?}"
+    );
+    let again = app
+        .begin(PAYMENT_KEY, "create_payment", PAY_817)
+        .await
+        .unwrap();
+    assert_eq!(decision(&again), Decision::VerificationRequired);
+    assert_eq!(app.counts(&provider_key).effects, 1);
+
+    // The configured origin got the lookup with its credential; the redirect target got
+    // nothing at all: no request, so no X-Api-Key and no Referer.
+    let asked = gateway_seen.requests();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(
+        asked[0].0,
+        format!("/v1/payments/by-idempotency-key/{provider_key}").replace(':', "%3A")
+    );
+    for (_, headers) in &asked {
+        assert!(
+            headers
+                .get("x-api-key")
+                .is_some_and(|v| v.to_str().unwrap().starts_with("secret-"))
+        );
+        assert!(headers.get("referer").is_none());
+    }
+    let followed = target_seen.requests();
+    assert!(
+        followed
+            .iter()
+            .all(|(_, h)| h.get("x-api-key").is_none() && h.get("referer").is_none()),
+        "{followed:?}"
+    );
+    assert!(
+        followed.is_empty(),
+        "the redirect was followed: {followed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_lookup_template_naming_another_key_is_refused_at_start_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    let name = file.display().to_string();
+    for (template, reason) in [
+        (
+            "{operation_key}",
+            "adapters.payments.url: {operation_key} names the journal's key, which is not the key the provider was called with",
+        ),
+        (
+            "{external_id}",
+            "adapters.payments.url: {external_id} asks about the provider's id",
+        ),
+        (
+            "{namespace}",
+            "adapters.payments.url: {namespace} is part of the provider key already",
+        ),
+    ] {
+        let url = format!("http://127.0.0.1:9/v1/payments/by-idempotency-key/{template}");
+        std::fs::write(&file, payments_policy(&url)).unwrap();
+        for (binary, command) in [
+            (env!("CARGO_BIN_EXE_opjournal"), vec!["check-config"]),
+            (
+                env!("CARGO_BIN_EXE_opjournal"),
+                vec!["serve", "--listen", "127.0.0.1:0"],
+            ),
+            (env!("CARGO_BIN_EXE_opjournal-reconciler"), vec![]),
+        ] {
+            let output = tokio::process::Command::new(binary)
+                .args(&command)
+                .arg("--policy")
+                .arg(&file)
+                .kill_on_drop(true)
+                .output();
+            let output = tokio::time::timeout(Duration::from_secs(30), output)
+                .await
+                .expect("the process refused the file at once")
+                .unwrap();
+            assert!(!output.status.success(), "{binary} {command:?} {template}");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let expected = format!("{name}:12: {reason}");
+            assert!(stderr.contains(&expected), "{expected}\n{stderr}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn check_config_prints_the_warnings_of_a_policy_it_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    let url = "http://127.0.0.1:9/v1/payments/by-idempotency-key/{provider_key}";
+    std::fs::write(&file, payments_policy(url)).unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+        .args([
+            "check-config",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:9/x",
+        ])
+        .arg("--policy")
+        .arg(&file)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let expected = format!(
+        "warning: {}:7: actions.create_payment.reconcile.absence_grace_seconds: 0 lets the first",
+        file.display()
+    );
+    assert!(stderr.contains(&expected), "{expected}\n{stderr}");
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_lookup_asks_about_the_provider_key_in_another_namespace_and_for_keys_with_a_slash(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        |sandbox| {
+            payments_policy(&format!(
+                "{sandbox}/v1/payments/by-idempotency-key/{{provider_key}}"
+            ))
+        },
+        None,
+    )
+    .await;
+    for (namespace, key, expected) in [
+        ("t1", "payment:order-1", "t1/payment:order-1"),
+        ("", "payment/a/b", "default/payment/a/b"),
+    ] {
+        let provider_key = lost_payment(&app, namespace, key, "create_payment").await;
+        assert_eq!(provider_key, expected);
+        // Nothing was ever paid under the journal's own key.
+        assert_eq!(app.counts(key).requests, 0);
+    }
+    let stats = app.worker("worker-a").tick().await.unwrap();
+    assert_eq!((stats.looked_up, stats.settled), (2, 2), "{stats:?}");
+    for (namespace, key, provider_key) in [
+        ("t1", "payment:order-1", "t1/payment:order-1"),
+        ("", "payment/a/b", "default/payment/a/b"),
+    ] {
+        let op = operation(&app, namespace, key).await;
+        assert_eq!(op_status(&op), OperationStatus::Succeeded, "{key}");
+        assert!(op.external_id.as_deref().unwrap().starts_with("pay_"));
+        let counts = app.counts(provider_key);
+        assert_eq!((counts.effects, counts.lookups), (1, 1), "{provider_key}");
+        assert_eq!(app.counts(key).lookups, 0, "never asked about {key}");
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn an_operation_recorded_without_lookup_goes_to_review_whatever_a_later_file_names(
+    pool: PgPool,
+) {
+    // The sent e-mails stay invisible to the provider's search: a lookup would read "not
+    // found" and, believed, release the operation for a second e-mail.
+    let config = SandboxConfig {
+        lookup_lag: Duration::from_secs(3600),
+        ..SandboxConfig::default()
+    };
+    let app = TestApp::spawn_with(pool, config, 0).await;
+    // Later files: one names an http lookup for the action (the recorded `kind: none`
+    // adapter is gone), the other redefines the recorded adapter itself as an http lookup.
+    let lookup = |sandbox: &str, adapter: &str| {
+        format!(
+            r#"
+actions:
+  send_email:
+    reconcile:
+      adapter: {adapter}
+      first_check_after_seconds: 0
+      absence_grace_seconds: 0
+adapters:
+  {adapter}:
+    kind: http
+    url: "{sandbox}/v1/emails/by-reference/{{provider_key}}"
+    search_complete: true
+    absent_match: {{ pointer: /error, values: [not_found], key_pointer: /external_reference }}
+    response: {{ status_pointer: /status, succeeded_values: [sent] }}
+"#
+        )
+    };
+    for (round, adapter) in ["email_lookup", "email_no_lookup"].into_iter().enumerate() {
+        // Registered under the test policy: send_email has the `kind: none` adapter.
+        let keys = [
+            ("t1", format!("email:case-{round}:confirm")),
+            ("", format!("email:case-{round}:receipt")),
+        ];
+        let mut references = Vec::new();
+        for (namespace, key) in &keys {
+            let begin = app
+                .begin_in(namespace, key, "send_email", r#"{"case":"1"}"#, 0)
+                .await
+                .unwrap();
+            assert_eq!(decision(&begin), Decision::Execute);
+            let reference = begin.operation.as_ref().unwrap().provider_key.clone();
+            assert_eq!(
+                app.send_email(&reference, Some("commit-then-timeout"))
+                    .await,
+                None
+            );
+            app.report_unknown(&begin.lease_token).await;
+            references.push(reference);
+        }
+        // Past every grace window.
+        app.clock.advance(Duration::from_secs(3600));
+
+        let yaml = lookup(&app.sandbox_url, adapter);
+        let stats = worker_under(&app, &yaml).tick().await.unwrap();
+        assert_eq!(
+            (stats.escalated, stats.released),
+            (2, 0),
+            "{adapter}: {stats:?}"
+        );
+        for ((namespace, key), reference) in keys.iter().zip(&references) {
+            let op = operation(&app, namespace, key).await;
+            assert_eq!(op_status(&op), OperationStatus::Unknown);
+            assert_eq!(op.review_reason, "no_provider_lookup", "{key}");
+            assert_eq!(op.reconcile_attempts, 0, "{key}");
+            let again = app
+                .begin_in(namespace, key, "send_email", r#"{"case":"1"}"#, 0)
+                .await
+                .unwrap();
+            assert_eq!(decision(&again), Decision::VerificationRequired);
+            let counts = app.counts(reference);
+            assert_eq!((counts.effects, counts.lookups), (1, 0), "{reference}");
+        }
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_by_id_routes_not_found_for_a_by_reference_key_never_releases(pool: PgPool) {
+    // The lookup URL points at the provider's other route, by payment id: it answers an
+    // honest 404 `not_found` for a key that is no id.
+    let app = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        |sandbox| payments_policy(&format!("{sandbox}/v1/payments/{{provider_key}}")),
+        None,
+    )
+    .await;
+    let cases = [("t1", "payment:order-2"), ("", "payment/c/d")];
+    let mut provider_keys = Vec::new();
+    for (namespace, key) in cases {
+        provider_keys.push(lost_payment(&app, namespace, key, "create_payment").await);
+    }
+    let worker = app.worker("worker-a");
+    let stats = worker.tick().await.unwrap();
+    assert_eq!((stats.looked_up, stats.released), (2, 0), "{stats:?}");
+    for ((namespace, key), provider_key) in cases.into_iter().zip(&provider_keys) {
+        let op = operation(&app, namespace, key).await;
+        assert_eq!(op_status(&op), OperationStatus::Unknown, "{key}");
+        assert_eq!(
+            last_reason(&app, namespace, key).await,
+            "lookup_failed:absent_404_for_another_key"
+        );
+        let again = app
+            .begin_in(namespace, key, "create_payment", PAY_817, 0)
+            .await
+            .unwrap();
+        assert_eq!(decision(&again), Decision::VerificationRequired);
+        assert_eq!(app.counts(provider_key).effects, 1);
+    }
+
+    // The same route with an absence rule that does not name the key is refused.
+    let yaml = payments_policy(&format!("{}/v1/payments/{{provider_key}}", app.sandbox_url))
+        .replace(", key_pointer: /idempotency_key", "");
+    let error = Policy::parse(&yaml, "policy.yaml").unwrap_err().to_string();
+    assert!(
+        error.contains("adapters.payments.absent_match: key_pointer is required"),
+        "{error}"
+    );
+}
