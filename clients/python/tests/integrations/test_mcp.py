@@ -289,7 +289,9 @@ async def test_two_users_of_one_server_never_replay_each_others_results(journal,
 
     for user in ("alice", "bob"):
         identity = json.dumps(
-            ["payments-assistant", "https://id.example.test", user], separators=(",", ":")
+            ["payments-assistant", "https://id.example.test", user],
+            separators=(",", ":"),
+            ensure_ascii=False,
         )
         key = f"mcp:pay_order:{caller_scope(identity)}:order-840"
         assert provider.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}, user

@@ -97,7 +97,8 @@ def authenticated_caller(ctx: Context) -> Optional[str]:
     """The principal of the access token the server's HTTP transport verified for this
     request (``mcp.server.auth``): its client id, issuer (claim ``iss``) and subject, as
     JSON; ``None`` without one (stdio, or a server without auth). The default
-    ``caller_identity`` of :func:`journaled_tool`."""
+    ``caller_identity`` of :func:`journaled_tool`, and the same text as the TypeScript
+    integration's ``authenticatedCaller``."""
     token = get_access_token()
     if token is None:
         return None
@@ -105,6 +106,7 @@ def authenticated_caller(ctx: Context) -> Optional[str]:
     return json.dumps(
         [token.client_id, None if issuer is None else str(issuer), token.subject],
         separators=(",", ":"),
+        ensure_ascii=False,
     )
 
 
