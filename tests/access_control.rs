@@ -542,7 +542,12 @@ fn token_entries_are_validated_naming_the_entry_and_field() {
         ),
         (entry("a", &digest, x, r#"["owner"]"#), "owner"),
         (
-            entry("agent-and-approver", &digest, x, r#"["client", "reviewer"]"#),
+            entry(
+                "agent-and-approver",
+                &digest,
+                x,
+                r#"["client", "reviewer"]"#,
+            ),
             r#"tokens[0].roles: the token named "agent-and-approver" holds both client and reviewer"#,
         ),
     ];
@@ -635,7 +640,12 @@ fn a_tokens_file_adds_its_entries_and_its_errors_name_the_setting_never_the_cont
         (entry("a", &digest, "[]", client), "tokens[0].namespaces"),
         (String::new(), "holds no [[tokens]] entry"),
         (
-            entry("ops", &digest, r#"["x"]"#, r#"["reviewer", "admin", "client"]"#),
+            entry(
+                "ops",
+                &digest,
+                r#"["x"]"#,
+                r#"["reviewer", "admin", "client"]"#,
+            ),
             r#"tokens[0].roles: the token named "ops" holds both client and reviewer"#,
         ),
         (in_file.clone() + &in_file, "have the same sha256"),

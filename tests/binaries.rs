@@ -481,6 +481,9 @@ async fn serve_and_check_config_refuse_a_token_holding_client_and_reviewer() {
             )),
             "{args:?}: {said}"
         );
-        assert!(!said.contains(&digest), "the digest is never quoted: {said}");
+        assert!(
+            !said.contains(&digest),
+            "the digest is never quoted: {said}"
+        );
     }
 }

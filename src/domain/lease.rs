@@ -494,7 +494,10 @@ mod tests {
             "my-attempt-1234567890",
         ] {
             let description = refusal(guessable).unwrap_or_else(|| panic!("{guessable}"));
-            assert!(description.contains("does not look random"), "{description}");
+            assert!(
+                description.contains("does not look random"),
+                "{description}"
+            );
             assert!(!description.contains(guessable));
         }
         assert!(refusal("short").unwrap().contains("16-64 characters"));
