@@ -374,9 +374,14 @@ async fn a_guessable_attempt_id_is_refused_saying_why_and_nothing_is_written(poo
         .await
         .unwrap();
     assert_eq!(first.decision, Decision::Execute as i32);
-    let again = begin_on(&app.journal, KEY, "create_payment", &uuid.simple().to_string())
-        .await
-        .unwrap();
+    let again = begin_on(
+        &app.journal,
+        KEY,
+        "create_payment",
+        &uuid.simple().to_string(),
+    )
+    .await
+    .unwrap();
     assert_eq!(again.decision, Decision::InProgress as i32);
 }
 
@@ -566,7 +571,12 @@ async fn a_provider_call_is_cut_off_when_its_unrenewed_lease_ends(pool: PgPool) 
         .with_lease(Duration::from_secs(2));
     let executed = tokio::time::timeout(
         Duration::from_secs(20),
-        client.execute(intent, |_| async move {
+        client.execute(intent, |call| async move {
+            let left = call.lease_remaining();
+            assert!(
+                !left.is_zero() && left <= Duration::from_secs(2),
+                "{left:?}"
+            );
             // A provider call that never answers.
             std::future::pending::<()>().await;
             ProviderOutcome::Uncertain { error_code: None }

@@ -101,6 +101,7 @@ pub struct ProviderCall {
     /// The lease number (1 for the first attempt).
     pub attempt: i32,
     lease_lost: watch::Receiver<bool>,
+    lease_end: watch::Receiver<Instant>,
 }
 
 impl ProviderCall {
@@ -108,6 +109,15 @@ impl ProviderCall {
     /// operation, and this call's report will be refused.
     pub fn is_lease_lost(&self) -> bool {
         *self.lease_lost.borrow()
+    }
+
+    /// How long until the lease ends unless it is renewed (zero once it has): the Begin's
+    /// send time plus the length granted, moved on by each renewal. The call is dropped at
+    /// that end; give the provider request a timeout no longer than this.
+    pub fn lease_remaining(&self) -> Duration {
+        self.lease_end
+            .borrow()
+            .saturating_duration_since(Instant::now())
     }
 
     /// Resolves when a lease renewal is refused with `LEASE_LOST` (never, if the lease
@@ -194,13 +204,6 @@ impl JournalClient {
                 });
             }
         };
-        let (lost_tx, lost_rx) = watch::channel(false);
-        let provider_call = ProviderCall {
-            provider_key: operation.provider_key.clone(),
-            operation_key: operation.operation_key.clone(),
-            attempt: operation.attempt_count,
-            lease_lost: lost_rx,
-        };
         let length = lease_length(&operation);
         let lease_end = sent_at + length;
         if Instant::now() >= lease_end {
@@ -209,6 +212,14 @@ impl JournalClient {
             return Err(ClientError::lease_expired_before_call(length));
         }
         let (end_tx, end_rx) = watch::channel(lease_end);
+        let (lost_tx, lost_rx) = watch::channel(false);
+        let provider_call = ProviderCall {
+            provider_key: operation.provider_key.clone(),
+            operation_key: operation.operation_key.clone(),
+            attempt: operation.attempt_count,
+            lease_lost: lost_rx,
+            lease_end: end_rx.clone(),
+        };
         let outcome = {
             let call = AssertUnwindSafe(call(provider_call)).catch_unwind();
             let renewals = self.renew_until_dropped(&lease, length, &lost_tx, &end_tx);
@@ -460,6 +471,7 @@ mod tests {
             operation_key: "k".into(),
             attempt: 1,
             lease_lost: rx,
+            lease_end: watch::channel(Instant::now()).1,
         };
         let waiting = tokio::spawn(call.lease_lost());
         assert!(!call.is_lease_lost());
