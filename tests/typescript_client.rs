@@ -161,7 +161,7 @@ async fn the_typescript_idempotent_wrapper_runs_each_intent_once(pool: PgPool) {
     for (key, code) in [
         ("ts:idem:unexpected", "exception"),
         ("ts:idem:http-503", "http_503"),
-        ("ts:idem:lease-lost", "lease_lost"),
+        ("ts:idem:lease-lost", "lease_expired"),
     ] {
         assert_eq!(
             state(&app, key).await,
