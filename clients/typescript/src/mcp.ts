@@ -51,6 +51,7 @@ import {
   IdempotencyKeyReusedError,
   InvalidArgumentError,
   JournalUnavailableError,
+  LeaseExpiredBeforeCallError,
   LeaseLostError,
 } from "./errors.js";
 import { execute, type Outcome } from "./execute.js";
@@ -176,7 +177,9 @@ export const TOOL_ERROR_TEXT = {
     "the {subject} could not be started.",
   /**
    * The journal could not be reached before anything was registered, or could not record
-   * the outcome (`UNAVAILABLE`, `DEADLINE_EXCEEDED`). Calling again with the same key is safe.
+   * the outcome (`UNAVAILABLE`, `DEADLINE_EXCEEDED`), or Begin's answer arrived after the
+   * lease it granted had ended (`LEASE_EXPIRED_BEFORE_CALL`: nothing was called). Calling
+   * again with the same key is safe.
    */
   journal_unavailable:
     "temporarily unavailable: the operation journal could not be reached, so this {subject} " +
@@ -515,7 +518,8 @@ async function runJournaled<Args, R>(
     if (error instanceof IdempotencyKeyReusedError) {
       return toolError("conflict", subject);
     }
-    if (error instanceof JournalUnavailableError) {
+    if (error instanceof JournalUnavailableError || error instanceof LeaseExpiredBeforeCallError) {
+      // Nothing was called or recorded by this call: calling again is safe.
       return toolError("journal_unavailable", subject);
     }
     if (error instanceof LeaseLostError) {
