@@ -304,6 +304,8 @@ async def test_a_servers_own_caller_identity_scopes_the_keys(journal, provider):
     def from_meta(ctx: Context) -> str | None:
         meta = ctx.request_context.meta
         user = meta.get("user") if isinstance(meta, dict) else getattr(meta, "user", None)
+        if user == "nobody-knows":
+            raise LookupError("the gateway sent no user")
         return None if user is None else str(user)
 
     server = build_shared_server(journal, provider, caller_identity=from_meta)
@@ -316,6 +318,11 @@ async def test_a_servers_own_caller_identity_scopes_the_keys(journal, provider):
             )
             assert not result.is_error, text_of(result)
             ids.append(result.structured_content["result"]["id"])
+        # A caller the hook cannot name is refused rather than given a shared key.
+        refused = await client.session.call_tool(
+            "pay_order", body, meta={"idempotencyKey": "order-841", "user": "nobody-knows"}
+        )
+        assert refused.is_error and refused.meta[OUTCOME_META_KEY] == "invalid_key"
     assert ids[0] == ids[2] != ids[1]
     for user in ("carol", "dave"):
         key = f"mcp:pay_order:{caller_scope(user)}:order-841"
