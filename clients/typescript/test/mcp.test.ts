@@ -586,3 +586,31 @@ test("without an authenticated caller, or with callerIdentity false, keys are sc
     assert.equal((await sandbox.effects(`mcp:create_payment:${key}`)).effects, 1);
   }
 });
+
+test("a server's own callerIdentity scopes the keys; a caller it cannot name is invalid_key", async () => {
+  const local = await inMemory(false, {
+    callerIdentity: (extra) => {
+      const user = (extra._meta as Record<string, unknown> | undefined)?.["test/user"];
+      if (user === "nobody-knows") {
+        throw new Error("the gateway sent no user");
+      }
+      return typeof user === "string" ? user : undefined;
+    },
+  });
+  const args = { ...ORDER, order_id: "ts-842" };
+  const as = (user: string) =>
+    call(local, { name: "create_payment", arguments: args, _meta: { idempotencyKey: "order-842", "test/user": user } });
+  const ids: string[] = [];
+  for (const user of ["carol", "dave", "carol"]) {
+    const paid = await as(user);
+    assert.equal(paid.isError, undefined, text(paid));
+    ids.push((paid.structuredContent as { id: string }).id);
+  }
+  assert.equal(ids[0], ids[2]);
+  assert.notEqual(ids[0], ids[1]);
+  assertToolError(await as("nobody-knows"), "invalid_key", {});
+  await local.close();
+  for (const user of ["carol", "dave"]) {
+    assert.equal((await sandbox.effects(`mcp:create_payment:${callerScope(user)}:order-842`)).effects, 1, user);
+  }
+});
