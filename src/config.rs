@@ -198,7 +198,8 @@ pub struct TokenSettings {
     pub sha256: String,
     /// Namespaces it may touch, or `["*"]` for all.
     pub namespaces: Vec<String>,
-    /// Its roles: `client`, `reviewer`, `admin`.
+    /// Its roles: `client`, `reviewer`, `admin`; never `client` and `reviewer` together (the
+    /// configuration is refused, naming the token).
     pub roles: Vec<Role>,
 }
 
@@ -230,6 +231,15 @@ impl TokenSettings {
         };
         if self.roles.is_empty() {
             return Err("roles: must name at least one of client, reviewer, admin".into());
+        }
+        if self.roles.contains(&Role::Client) && self.roles.contains(&Role::Reviewer) {
+            // The name is the holder's, never a secret; the digest is not quoted.
+            return Err(format!(
+                "roles: the token named {:?} holds both client and reviewer; one token may \
+                 not do both (an agent could approve its own unknown operations): give the \
+                 reviewer a token of its own",
+                self.name
+            ));
         }
         Ok((
             digest,

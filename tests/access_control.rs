@@ -541,6 +541,15 @@ fn token_entries_are_validated_naming_the_entry_and_field() {
             "two tokens are named a",
         ),
         (entry("a", &digest, x, r#"["owner"]"#), "owner"),
+        (
+            entry(
+                "agent-and-approver",
+                &digest,
+                x,
+                r#"["client", "reviewer"]"#,
+            ),
+            r#"tokens[0].roles: the token named "agent-and-approver" holds both client and reviewer"#,
+        ),
     ];
     for (toml, expected) in cases {
         let error = load(&toml).unwrap_err();
@@ -630,6 +639,15 @@ fn a_tokens_file_adds_its_entries_and_its_errors_name_the_setting_never_the_cont
         (entry("a", "abc", r#"["x"]"#, client), "tokens[0].sha256"),
         (entry("a", &digest, "[]", client), "tokens[0].namespaces"),
         (String::new(), "holds no [[tokens]] entry"),
+        (
+            entry(
+                "ops",
+                &digest,
+                r#"["x"]"#,
+                r#"["reviewer", "admin", "client"]"#,
+            ),
+            r#"tokens[0].roles: the token named "ops" holds both client and reviewer"#,
+        ),
         (in_file.clone() + &in_file, "have the same sha256"),
     ];
     for (tokens, expected) in cases {

@@ -341,6 +341,51 @@ async fn a_malformed_attempt_id_is_refused_and_nothing_is_written(pool: PgPool) 
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_guessable_attempt_id_is_refused_saying_why_and_nothing_is_written(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    for guessable in [
+        "0000000000000000",
+        "00000000-0000-0000-0000-000000000000",
+        "0123456789abcdef0123456789abcdef",
+        "test-attempt-id-0001",
+    ] {
+        let refused = begin_on(&app.journal, KEY, "create_payment", guessable)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (refused.code(), reason(&refused).as_str()),
+            (Code::InvalidArgument, "INVALID_ATTEMPT_ID"),
+            "{guessable}"
+        );
+        let bad = refused.get_details_bad_request().unwrap();
+        assert_eq!(bad.field_violations[0].field, "attempt_id");
+        let why = &bad.field_violations[0].description;
+        assert!(
+            why.contains("does not look random") && why.contains("64 bits"),
+            "{why}"
+        );
+        assert!(!refused.message().contains(guessable));
+        assert!(!why.contains(guessable));
+    }
+    assert_eq!(app.rows_for(KEY).await, 0);
+    // The ids the clients draw pass: a UUID v4 and 128 random bits in hex.
+    let uuid = uuid::Uuid::new_v4();
+    let first = begin_on(&app.journal, KEY, "create_payment", &uuid.to_string())
+        .await
+        .unwrap();
+    assert_eq!(first.decision, Decision::Execute as i32);
+    let again = begin_on(
+        &app.journal,
+        KEY,
+        "create_payment",
+        &uuid.simple().to_string(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.decision, Decision::InProgress as i32);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_late_holder_is_told_who_recorded_the_outcome_not_that_its_lease_did(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     // The holder pays, its lease runs out, and the reconcile worker settles the operation.
@@ -438,4 +483,112 @@ async fn a_late_holder_is_told_who_recorded_the_outcome_not_that_its_lease_did(p
             .message()
             .contains("this lease already recorded")
     );
+}
+
+/// A Rust client whose calls go through `relay`.
+async fn client_via(relay: &Relay) -> JournalClient {
+    let channel = Channel::from_shared(format!("http://{}", relay.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    JournalClient::new(channel)
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_begin_answer_that_arrives_after_its_lease_ended_calls_nothing(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let relay = Relay::start(app.addr).await;
+    let client = client_via(&relay).await;
+    // The journal grants a one-second lease; its answer reaches the client 2.5 s later.
+    relay
+        .delay_next_begin_answer(KEY, Duration::from_millis(2500))
+        .await;
+    let intent = Intent::new(
+        KEY,
+        "create_payment_dedup",
+        serde_json::from_str(PAY).unwrap(),
+    )
+    .with_lease(Duration::from_secs(1));
+    let called = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = called.clone();
+    let refused = client
+        .execute(intent.clone(), |_| async move {
+            seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            ProviderOutcome::Uncertain { error_code: None }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(relay.answers_delayed_for(KEY), 1);
+    assert_eq!(
+        (refused.code, refused.reason.as_str()),
+        (Code::Aborted, "LEASE_EXPIRED_BEFORE_CALL")
+    );
+    assert!(!called.load(std::sync::atomic::Ordering::SeqCst));
+    // Nothing was reported: the row still holds the ended lease of attempt 1.
+    let (status, attempt, _, _) = lease_row(&app, KEY).await;
+    assert_eq!((status.as_str(), attempt), ("in_progress", 1));
+    assert_eq!(app.counts(KEY).requests, 0);
+
+    // Begun again (same key), the intent runs once, under a new lease.
+    let sandbox = app.sandbox_url.clone();
+    let executed = client
+        .execute(intent, |call| async move {
+            opjournal::app::install_crypto_provider();
+            let paid: serde_json::Value = reqwest::Client::new()
+                .post(format!("{sandbox}/v1/payments"))
+                .header("Idempotency-Key", &call.provider_key)
+                .body(PAY)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            ProviderOutcome::Succeeded {
+                external_id: paid["id"].as_str().map(str::to_owned),
+                result: None,
+            }
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(executed, Executed::Succeeded { replayed: false, ref operation } if operation.attempt_count == 2),
+        "{executed:?}"
+    );
+    let counts = app.counts(KEY);
+    assert_eq!((counts.requests, counts.effects), (1, 1));
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_provider_call_is_cut_off_when_its_unrenewed_lease_ends(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let relay = Relay::start(app.addr).await;
+    let client = client_via(&relay).await;
+    // The journal cannot be reached for renewals while the call runs.
+    relay.refuse_renewals(true);
+    let intent = Intent::new(KEY, "create_payment", serde_json::from_str(PAY).unwrap())
+        .with_lease(Duration::from_secs(2));
+    let executed = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.execute(intent, |call| async move {
+            let left = call.lease_remaining();
+            assert!(
+                !left.is_zero() && left <= Duration::from_secs(2),
+                "{left:?}"
+            );
+            // A provider call that never answers.
+            std::future::pending::<()>().await;
+            ProviderOutcome::Uncertain { error_code: None }
+        }),
+    )
+    .await
+    .expect("the call is cut off at the lease's end")
+    .unwrap();
+    let Executed::VerificationRequired { operation } = executed else {
+        panic!("expected verification required, got {executed:?}");
+    };
+    assert_eq!(operation.error_code.as_deref(), Some("lease_expired"));
+    assert_eq!(op_status(&operation), OperationStatus::Unknown);
+    assert_eq!(app.counts(KEY).requests, 0);
 }

@@ -440,3 +440,50 @@ async fn serve_refuses_a_reachable_address_without_authentication_unless_told_so
     );
     serves(&[], vec![("OPJOURNAL_TOKENS", token)]).await;
 }
+
+#[tokio::test]
+async fn serve_and_check_config_refuse_a_token_holding_client_and_reviewer() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = env!("CARGO_BIN_EXE_opjournal");
+    let digest = "cd".repeat(32);
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[tokens]]\nname = \"orchestrator\"\nsha256 = \"{}\"\nnamespaces = [\"*\"]\nroles = [\"client\"]\n\n\
+             [[tokens]]\nname = \"agent-with-approval\"\nsha256 = \"{digest}\"\nnamespaces = [\"shop\"]\nroles = [\"client\", \"reviewer\"]\n",
+            "ab".repeat(32)
+        ),
+    )
+    .unwrap();
+    let tokens_file = tokens.display().to_string();
+    let serve = serve_args(dir.path(), "127.0.0.1:0", &[]);
+    let check = vec!["check-config".to_owned()];
+    for args in [serve, check] {
+        let refused = tokio::time::timeout(
+            Duration::from_secs(30),
+            Command::new(binary)
+                .args(&args)
+                .env("OPJOURNAL_TOKENS_FILE", &tokens_file)
+                .env("RUST_LOG", "warn")
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("exits")
+        .unwrap();
+        assert!(!refused.status.success(), "{args:?}");
+        assert!(refused.stdout.is_empty(), "{args:?}: it never listened");
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            said.contains(&format!(
+                "tokens_file: {tokens_file}: tokens[1].roles: the token named \"agent-with-approval\" holds both client and reviewer"
+            )),
+            "{args:?}: {said}"
+        );
+        assert!(
+            !said.contains(&digest),
+            "the digest is never quoted: {said}"
+        );
+    }
+}

@@ -45,7 +45,8 @@ async fn the_go_client_decodes_errors_keeps_deadlines_and_leases_and_protects_fu
             "TestClientDecodesTypedErrors",
             "TestClientGivesEveryCallADeadline",
             "TestClientRenewsTheLeaseDuringALongCall",
-            "TestClientCancelsTheProviderCallWhenTheLeaseIsLost",
+            "TestClientCancelsTheProviderCallWhenTheLeaseEnds",
+            "TestClientCutsOffACallThatOutlivesItsUnrenewedLease",
             "TestClientProtectsAFunction",
             "TestClientAnswersARefusedSuccessReportWithVerificationRequired",
         ],
@@ -81,11 +82,20 @@ async fn the_go_client_decodes_errors_keeps_deadlines_and_leases_and_protects_fu
     let counts = app.counts("go:leases:renewed");
     assert_eq!((counts.requests, counts.effects), (1, 1));
 
-    // Lost: the new holder completed; the provider saw two requests and made one effect.
+    // Ended and taken over: the new holder completed; the provider saw two requests and made
+    // one effect.
     let lost = row(&app, "go:leases:lost").await.unwrap();
     assert_eq!((lost.status.as_str(), lost.attempt_count), ("succeeded", 2));
     let counts = app.counts("go:leases:lost");
     assert_eq!((counts.requests, counts.effects), (2, 1));
+
+    // Cut off: the call that outlived its unrenewed lease was recorded unknown, unpaid.
+    let cut_off = row(&app, "go:leases:cut-off").await.unwrap();
+    assert_eq!(
+        (cut_off.status.as_str(), cut_off.error_code.as_deref()),
+        ("unknown", Some("lease_expired"))
+    );
+    assert_eq!(app.counts("go:leases:cut-off").requests, 0);
 
     // A protected function called twice for one order, then with another amount: one effect.
     let protected = row(&app, "go:protect:order-817").await.unwrap();

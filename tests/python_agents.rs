@@ -119,8 +119,23 @@ async fn mcp_tools_are_journaled_through_the_sdks_client_session(pool: PgPool) {
             .is_some_and(|id| id.starts_with("pay_"))
     );
     straight_to_succeeded(&app, "mcp:create_payment:order-830").await;
+    // Two users of one server with one key and the same arguments: a row each (the key is
+    // scoped by who calls), each paid once; the unscoped key was never used.
+    let scoped: Vec<(String,)> = sqlx::query_as(
+        "SELECT operation_key FROM agent_operations
+         WHERE operation_key LIKE 'mcp:pay_order:u-%' AND status = 'succeeded'
+           AND attempt_count = 1 ORDER BY operation_key",
+    )
+    .fetch_all(app.pool())
+    .await
+    .unwrap();
+    assert_eq!(scoped.len(), 4, "alice, bob, carol and dave: {scoped:?}");
+    for (key,) in &scoped {
+        assert_eq!(app.counts(key).effects, 1, "{key}");
+    }
+    assert!(row(&app, "mcp:pay_order:order-840").await.is_none());
     // Refused calls (no key, malformed or refused keys, the conflicts) wrote nothing.
-    assert_eq!(total_rows(&app).await, 6);
+    assert_eq!(total_rows(&app).await, 10);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

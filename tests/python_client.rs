@@ -125,6 +125,15 @@ async fn the_python_client_surfaces_lease_lost_and_renews_leases(pool: PgPool) {
     let renewed = row(&app, "py:leases:renewed").await.unwrap();
     assert_eq!(renewed, succeeded(1, renewed.external_id.clone()));
     assert_eq!(app.counts("py:leases:renewed").effects, 1);
+    let deadline = row(&app, "py:leases:deadline").await.unwrap();
+    assert_eq!(deadline, succeeded(1, deadline.external_id.clone()));
+    // The call that outlived its unrenewed lease was cut off, unknown, before any request.
+    let cut_off = row(&app, "py:leases:async-cut-off").await.unwrap();
+    assert_eq!(
+        (cut_off.status.as_str(), cut_off.error_code.as_deref()),
+        ("unknown", Some("lease_expired"))
+    );
+    assert_eq!(app.counts("py:leases:async-cut-off").requests, 0);
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

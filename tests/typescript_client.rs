@@ -161,7 +161,7 @@ async fn the_typescript_idempotent_wrapper_runs_each_intent_once(pool: PgPool) {
     for (key, code) in [
         ("ts:idem:unexpected", "exception"),
         ("ts:idem:http-503", "http_503"),
-        ("ts:idem:lease-lost", "lease_lost"),
+        ("ts:idem:lease-lost", "lease_expired"),
     ] {
         assert_eq!(
             state(&app, key).await,
@@ -257,6 +257,21 @@ async fn journaled_mcp_tools_pay_once_when_the_client_retries(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(strays, 0, "no row under a malformed client key");
+    // Two users of one server, one key, the same arguments: a row and a payment each, under
+    // keys scoped by who calls; the unscoped key was never used.
+    let scoped: Vec<(String,)> = sqlx::query_as(
+        "SELECT operation_key FROM agent_operations
+         WHERE operation_key ~ '^mcp:pay_order:u-[0-9a-f]{24}:order-840$'
+           AND status = 'succeeded' AND attempt_count = 1",
+    )
+    .fetch_all(app.pool())
+    .await
+    .unwrap();
+    assert_eq!(scoped.len(), 2, "{scoped:?}");
+    for (key,) in &scoped {
+        assert_eq!(app.counts(key).effects, 1, "{key}");
+    }
+    assert_eq!(app.rows_for("mcp:pay_order:order-840").await, 0);
 }
 
 /// `(status, attempt_count, requests, effects)` of each key: one row, one payment each.

@@ -169,7 +169,9 @@ func TestClientRenewsTheLeaseDuringALongCall(t *testing.T) {
 	}
 }
 
-func TestClientCancelsTheProviderCallWhenTheLeaseIsLost(t *testing.T) {
+// A provider call whose renewals do not get through is cancelled when its lease ends;
+// its report then meets the holder that took the ended lease over.
+func TestClientCancelsTheProviderCallWhenTheLeaseEnds(t *testing.T) {
 	l := liveEnv(t)
 	ctx := context.Background()
 	key := "go:leases:lost"
@@ -194,7 +196,7 @@ func TestClientCancelsTheProviderCallWhenTheLeaseIsLost(t *testing.T) {
 
 	var second *pb.BeginOperationResponse
 	var sawCancel bool
-	var leaseErr error
+	var leaseEnded bool
 	_, err := opjournal.Execute(ctx, c, intent, func(ctx context.Context, call opjournal.ProviderCall) (opjournal.ProviderResult, error) {
 		if _, _, err := l.pay(ctx, call.ProviderKey); err != nil {
 			return opjournal.ProviderResult{}, err
@@ -214,7 +216,7 @@ func TestClientCancelsTheProviderCallWhenTheLeaseIsLost(t *testing.T) {
 		select {
 		case <-ctx.Done():
 			sawCancel = true
-			leaseErr = call.LeaseErr()
+			leaseEnded = !time.Now().Before(call.LeaseDeadline())
 			return opjournal.ProviderResult{}, ctx.Err()
 		case <-time.After(10 * time.Second):
 			return opjournal.ProviderResult{}, errors.New("the provider call was not cancelled")
@@ -223,8 +225,8 @@ func TestClientCancelsTheProviderCallWhenTheLeaseIsLost(t *testing.T) {
 	if !errors.Is(err, opjournal.ErrLeaseLost) {
 		t.Fatalf("execute after a takeover: %v", err)
 	}
-	if !sawCancel || !errors.Is(leaseErr, opjournal.ErrLeaseLost) {
-		t.Fatalf("the provider call saw cancellation %v, lease error %v", sawCancel, leaseErr)
+	if !sawCancel || !leaseEnded {
+		t.Fatalf("the provider call saw cancellation %v, at its lease's end %v", sawCancel, leaseEnded)
 	}
 	if second == nil {
 		t.Fatal("no other holder took the lease over")
@@ -354,5 +356,31 @@ func TestClientAnswersARefusedSuccessReportWithVerificationRequired(t *testing.T
 	again, err := opjournal.Execute(ctx, c, intent, call)
 	if err != nil || again.Kind != opjournal.VerificationRequired || again.Reported || calls != 1 {
 		t.Fatalf("again: %+v, %v, calls %d", again, err, calls)
+	}
+}
+
+func TestClientCutsOffACallThatOutlivesItsUnrenewedLease(t *testing.T) {
+	l := liveEnv(t)
+	c := l.dial(t, opjournal.Options{})
+	intent := opjournal.Intent{Key: "go:leases:cut-off", ActionType: "create_payment", Payload: pay817, LeaseSeconds: 1}
+	var left time.Duration
+	started := time.Now()
+	out, err := opjournal.Execute(context.Background(), c, intent, func(ctx context.Context, call opjournal.ProviderCall) (opjournal.ProviderResult, error) {
+		left = time.Until(call.LeaseDeadline())
+		select {
+		case <-ctx.Done():
+			return opjournal.ProviderResult{}, ctx.Err()
+		case <-time.After(30 * time.Second):
+			return opjournal.ProviderResult{}, errors.New("not cut off")
+		}
+	}, opjournal.WithoutLeaseRenewal())
+	if err != nil || out.Kind != opjournal.VerificationRequired || !out.Reported || out.ErrorCode != opjournal.LeaseExpired {
+		t.Fatalf("execute: %+v, %v", out, err)
+	}
+	if left <= 0 || left > time.Second {
+		t.Fatalf("the call saw %v of its 1 s lease left", left)
+	}
+	if took := time.Since(started); took > 10*time.Second {
+		t.Fatalf("cut off after %v", took)
 	}
 }

@@ -83,6 +83,13 @@ var (
 	// ErrLeaseLost is ABORTED/LEASE_LOST: this lease was taken over (or, for RenewLease, it
 	// ended). Stop calling the provider for this attempt; Begin again to see the state.
 	ErrLeaseLost = &Error{Code: codes.Aborted, Reason: "LEASE_LOST"}
+	// ErrLeaseExpiredBeforeCall is ABORTED/LEASE_EXPIRED_BEFORE_CALL, returned by Execute on
+	// this side (the journal never sends it): Begin's EXECUTE answer arrived after the lease
+	// it granted had ended, measured on this side's monotonic clock from when that Begin was
+	// sent. Another holder may already hold the operation, so the provider was not called
+	// and nothing was reported. Begin the same intent again (same key): it replays, asks for
+	// verification, or grants a new lease.
+	ErrLeaseExpiredBeforeCall = &Error{Code: codes.Aborted, Reason: "LEASE_EXPIRED_BEFORE_CALL"}
 	// ErrConcurrentModification is ABORTED/CONCURRENT_MODIFICATION: repeat the same call
 	// after RetryDelay.
 	ErrConcurrentModification = &Error{Code: codes.Aborted, Reason: "CONCURRENT_MODIFICATION"}

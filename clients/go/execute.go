@@ -37,6 +37,22 @@ func (p ProviderCall) LeaseErr() error {
 	return p.lease.lostErr()
 }
 
+// LeaseDeadline is when the lease ends unless it is renewed: Begin's send time plus the
+// length granted (both lengths come from the journal's database clock, the instants from
+// this process's monotonic clock), moved on by each renewal. The provider function's
+// context is cancelled at that moment if no renewal came in time, and its outcome is then
+// recorded unknown (LeaseExpired). Bound the provider request by it.
+func (p ProviderCall) LeaseDeadline() time.Time {
+	if p.lease == nil {
+		return time.Time{}
+	}
+	return p.lease.deadline()
+}
+
+// LeaseExpired is the error code of the unknown outcome recorded when the provider call
+// failed after its context was cancelled at the end of its unrenewed lease.
+const LeaseExpired = "lease_expired"
+
 // ProviderResult is what the provider function returns on a confirmed success.
 type ProviderResult struct {
 	// ExternalID is the provider's id of the effect (payment id, message id); up to 200
@@ -266,8 +282,14 @@ func WithUnknownCode(f func(error) string) ExecuteOption {
 // decisions are outcomes too: REPLAY gives the stored outcome with Replayed, and
 // InProgress, VerificationRequired and DuplicateIntentSuspected say why call did not run.
 //
+// The provider is called only inside the lease: when Begin's EXECUTE answer arrives after
+// the lease it grants has ended (measured from when the Begin was sent), call does not run
+// and Execute returns ErrLeaseExpiredBeforeCall; while call runs, its context is cancelled
+// at the lease's end unless a renewal moved it, and an error it then returns is recorded
+// unknown (LeaseExpired).
+//
 // Errors (no Outcome): ErrIdempotencyKeyReused (the key is bound to another payload; call
-// did not run); ErrLeaseLost (another holder took the lease over before the report; call's
+// did not run); ErrLeaseExpiredBeforeCall (see above); ErrLeaseLost (another holder took the lease over before the report; call's
 // context was cancelled if that was seen during the call); ErrInvalidArgument (a malformed
 // intent; a success whose report the journal refuses is instead reported unknown with
 // ResultRefused and answered VerificationRequired); ErrJournalUnavailable (calling Execute again with the
@@ -288,6 +310,9 @@ func Execute(ctx context.Context, c *Client, in Intent, call ProviderFunc, opts 
 	start := time.Now()
 	delay := newBackoff(200*time.Millisecond, 2*time.Second)
 	for {
+		// A repeat after a lost answer gets the lease granted to the first send of this
+		// Begin (Begin repeats it itself): its lease is measured from here.
+		sentAt := time.Now()
 		begin, err := c.Begin(ctx, in)
 		if err != nil {
 			return Outcome{}, err
@@ -298,7 +323,7 @@ func Execute(ctx context.Context, c *Client, in Intent, call ProviderFunc, opts 
 			if op == nil || begin.GetLeaseToken() == "" {
 				return Outcome{}, &UnexpectedDecisionError{"EXECUTE without an operation or a lease token"}
 			}
-			return c.run(ctx, begin, call, &cfg)
+			return c.run(ctx, begin, sentAt, call, &cfg)
 		case pb.Decision_DECISION_REPLAY:
 			return replay(op)
 		case pb.Decision_DECISION_IN_PROGRESS:
@@ -332,18 +357,38 @@ func Execute(ctx context.Context, c *Client, in Intent, call ProviderFunc, opts 
 	}
 }
 
-// run calls the provider under the lease and reports what happened.
-func (c *Client) run(ctx context.Context, begin *pb.BeginOperationResponse, call ProviderFunc, cfg *executeConfig) (Outcome, error) {
+// run calls the provider under the lease and reports what happened. sentAt is when the
+// Begin that was granted the lease was first sent.
+func (c *Client) run(ctx context.Context, begin *pb.BeginOperationResponse, sentAt time.Time, call ProviderFunc, cfg *executeConfig) (Outcome, error) {
 	held := begin.GetOperation()
 	token := begin.GetLeaseToken()
+	length := grantedLease(held)
+	if !time.Now().Before(sentAt.Add(length)) {
+		// The answer came after the lease it grants had ended: another holder may have it
+		// by now. Call nothing, report nothing.
+		return Outcome{}, &Error{
+			Code: ErrLeaseExpiredBeforeCall.Code, Reason: ErrLeaseExpiredBeforeCall.Reason, Domain: ErrorDomain,
+			Message: fmt.Sprintf("the Begin answer arrived after its lease of %v had ended; the provider was not called: begin the same intent again to see where it stands", length),
+		}
+	}
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	lease := &leaseRenewal{client: c, token: token, seconds: grantedLeaseSeconds(held), cancel: cancel}
+	lease := &leaseRenewal{client: c, token: token, seconds: grantedLeaseSeconds(held), cancel: cancel, end: sentAt.Add(length)}
+	lease.watchExpiry()
 	if cfg.renew {
 		lease.start()
 	}
 	result, callErr, panicked := protectedCall(callCtx, call, ProviderCall{ProviderKey: held.GetProviderKey(), Operation: held, lease: lease})
 	lease.stop()
+	if callErr != nil && lease.hasExpired() {
+		// Cut off at the lease's end: whatever the call says of its error, the effect may
+		// have happened.
+		op, err := c.report(func(rctx context.Context) (*pb.Operation, error) { return c.ReportUnknown(rctx, token, LeaseExpired) })
+		if err != nil {
+			return Outcome{}, err
+		}
+		return Outcome{Kind: VerificationRequired, Key: op.GetOperationKey(), Reported: true, ErrorCode: LeaseExpired, Operation: op, Cause: callErr}, nil
+	}
 
 	if panicked != nil {
 		_, _ = c.report(func(rctx context.Context) (*pb.Operation, error) { return c.ReportUnknown(rctx, token, "panic") })
@@ -458,6 +503,19 @@ func succeeded(op *pb.Operation, replayed bool) Outcome {
 	return out
 }
 
+// grantedLease is the exact length of a granted lease, from two database-clock timestamps
+// (zero when either is missing).
+func grantedLease(op *pb.Operation) time.Duration {
+	until, at := op.GetLeaseUntil(), op.GetUpdatedAt()
+	if until == nil || at == nil {
+		return 0
+	}
+	if granted := until.AsTime().Sub(at.AsTime()); granted > 0 {
+		return granted
+	}
+	return 0
+}
+
 // grantedLeaseSeconds is the length of the lease Begin granted, by the server's clock (at
 // least 1 s).
 func grantedLeaseSeconds(op *pb.Operation) int32 {
@@ -474,17 +532,62 @@ func grantedLeaseSeconds(op *pb.Operation) int32 {
 }
 
 // leaseRenewal renews a lease every third of its length until stopped, and cancels the
-// provider function's context when a renewal is refused with LEASE_LOST.
+// provider function's context when a renewal is refused with LEASE_LOST, or when the lease
+// ends (end, moved on by each renewal) with no renewal in time.
 type leaseRenewal struct {
 	client  *Client
 	token   string
 	seconds int32
 	cancel  context.CancelFunc
 
-	mu   sync.Mutex
-	lost error
-	quit context.CancelFunc
-	done chan struct{}
+	mu      sync.Mutex
+	lost    error
+	end     time.Time
+	expired bool
+	timer   *time.Timer
+	stopped bool
+	quit    context.CancelFunc
+	done    chan struct{}
+}
+
+// watchExpiry arms the timer for the lease's end; at that end, unless a renewal moved it,
+// the lease has expired and the provider function's context is cancelled.
+func (l *leaseRenewal) watchExpiry() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped || l.expired {
+		return
+	}
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	left := time.Until(l.end)
+	if left <= 0 {
+		l.expired = true
+		l.cancel()
+		return
+	}
+	l.timer = time.AfterFunc(left, l.watchExpiry)
+}
+
+// renewed moves the lease's end to sentAt plus the length the renewal granted.
+func (l *leaseRenewal) renewed(sentAt time.Time, op *pb.Operation) {
+	l.mu.Lock()
+	l.end = sentAt.Add(grantedLease(op))
+	l.mu.Unlock()
+	l.watchExpiry()
+}
+
+func (l *leaseRenewal) deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.end
+}
+
+func (l *leaseRenewal) hasExpired() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expired
 }
 
 func (l *leaseRenewal) start() {
@@ -502,7 +605,12 @@ func (l *leaseRenewal) start() {
 				return
 			case <-ticker.C:
 			}
-			_, err := l.client.RenewLease(ctx, l.token, l.seconds)
+			sentAt := time.Now()
+			renewed, err := l.client.RenewLease(ctx, l.token, l.seconds)
+			if err == nil {
+				l.renewed(sentAt, renewed)
+				continue
+			}
 			if errors.Is(err, ErrLeaseLost) {
 				l.mu.Lock()
 				l.lost = err
@@ -516,6 +624,12 @@ func (l *leaseRenewal) start() {
 }
 
 func (l *leaseRenewal) stop() {
+	l.mu.Lock()
+	l.stopped = true
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.mu.Unlock()
 	if l.quit == nil {
 		return
 	}

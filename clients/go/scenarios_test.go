@@ -318,6 +318,8 @@ func (r *scenarioRun) execute(t *testing.T, st step) {
 		kind = "conflict"
 	case errors.Is(err, opjournal.ErrLeaseLost):
 		kind = "lease_lost"
+	case errors.Is(err, opjournal.ErrLeaseExpiredBeforeCall):
+		kind = "lease_expired"
 	default:
 		t.Fatalf("step %s: execute failed: %v", stepKey, err)
 	}

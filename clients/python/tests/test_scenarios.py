@@ -33,6 +33,7 @@ from opjournal_client import (
     IdempotencyKeyReusedError,
     InProgress,
     JournalClient,
+    LeaseExpiredBeforeCallError,
     LeaseLostError,
     OperationNotFoundError,
     ProviderCall,
@@ -173,6 +174,7 @@ class Run:
             "duplicate_intent_suspected": DuplicateIntentSuspected,
             "conflict": IdempotencyKeyReusedError,
             "lease_lost": LeaseLostError,
+            "lease_expired": LeaseExpiredBeforeCallError,
         }
         wanted = kinds[expect["outcome"]]
         assert isinstance(answer, wanted), f"{where}: expected {expect['outcome']}, got {answer!r}"
@@ -236,7 +238,7 @@ def test_sync(env: Env, scenario: dict[str, Any]) -> None:
 
             try:
                 answer: Any = journal.execute(key, action_type, payload, call, **options)
-            except (IdempotencyKeyReusedError, LeaseLostError) as error:
+            except (IdempotencyKeyReusedError, LeaseLostError, LeaseExpiredBeforeCallError) as error:
                 answer = error
             if behaviour == "none":
                 assert not calls, f"{where}: the provider function was called"
@@ -268,7 +270,7 @@ def test_async(env: Env, scenario: dict[str, Any]) -> None:
 
                 try:
                     answer: Any = await journal.execute(key, action_type, payload, call, **options)
-                except (IdempotencyKeyReusedError, LeaseLostError) as error:
+                except (IdempotencyKeyReusedError, LeaseLostError, LeaseExpiredBeforeCallError) as error:
                     answer = error
                 if behaviour == "none":
                     assert not calls, f"{where}: the provider function was called"

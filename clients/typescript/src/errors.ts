@@ -90,6 +90,26 @@ export class IdempotencyKeyReusedError extends OpjournalError {}
  * calling the provider for this attempt; Begin again to see the current state.
  */
 export class LeaseLostError extends OpjournalError {}
+/**
+ * `ABORTED` / `LEASE_EXPIRED_BEFORE_CALL`, thrown by `execute` on this side (the journal
+ * never sends it): Begin's EXECUTE answer arrived after the lease it granted had ended,
+ * measured on this side's monotonic clock from when that Begin was sent. Another holder may
+ * already hold the operation, so the provider was not called and nothing was reported.
+ * Begin the same intent again (same key): it replays, asks for verification, or grants a
+ * new lease.
+ */
+export class LeaseExpiredBeforeCallError extends OpjournalError {
+  constructor(leaseMs: number) {
+    super({
+      code: Code.Aborted,
+      rawMessage:
+        `the Begin answer arrived after its lease of ${Math.round(leaseMs)} ms had ended; the provider ` +
+        "was not called: begin the same intent again to see where it stands",
+      reason: "LEASE_EXPIRED_BEFORE_CALL",
+      domain: ERROR_DOMAIN,
+    });
+  }
+}
 /** `ABORTED` / `CONCURRENT_MODIFICATION`: repeat the same call after {@link OpjournalError.retryDelayMs}. */
 export class ConcurrentModificationError extends OpjournalError {}
 /** `FAILED_PRECONDITION` / `OUTCOME_ALREADY_RECORDED`: this token already recorded another outcome. */

@@ -25,7 +25,7 @@
 
 import { randomUUID } from "node:crypto";
 import type { JournalClient, BeginRequest } from "./client.js";
-import { InvalidArgumentError, LeaseLostError } from "./errors.js";
+import { InvalidArgumentError, LeaseExpiredBeforeCallError, LeaseLostError } from "./errors.js";
 import { JsonValue } from "./json.js";
 import {
   Decision,
@@ -108,10 +108,32 @@ export interface ProviderCall {
   readonly operation: Operation;
   /**
    * Aborted (with a {@link LeaseLostError}) when a lease renewal was refused with
-   * `LEASE_LOST`: another holder may now call the provider. Pass it to `fetch` or check it
-   * in a long call.
+   * `LEASE_LOST`: another holder may now call the provider; or (with a
+   * {@link LeaseExpiredError}) when the lease ended unrenewed, at which moment `execute`
+   * stops waiting for the call and records its outcome unknown ({@link LEASE_EXPIRED}).
+   * Pass it to `fetch` or check it in a long call.
    */
   readonly signal: AbortSignal;
+  /**
+   * Milliseconds until the lease ends unless it is renewed (0 once it has): Begin's send
+   * time plus the length granted, moved on by each renewal. Give the provider request a
+   * timeout no longer than this.
+   */
+  leaseRemainingMs(): number;
+}
+
+/**
+ * The error code of the unknown outcome recorded when the provider call was cut off at the
+ * end of its unrenewed lease.
+ */
+export const LEASE_EXPIRED = "lease_expired";
+
+/** The reason `ProviderCall.signal` is aborted with when the lease ended unrenewed. */
+export class LeaseExpiredError extends Error {
+  constructor() {
+    super("the lease ended before the provider call did");
+    this.name = "LeaseExpiredError";
+  }
 }
 
 /** What the provider call resolves to on a confirmed success. */
@@ -287,25 +309,63 @@ export function unknownOutcomeCode(error: unknown): string {
   return "exception";
 }
 
-/** Renews a lease every third of its length until stopped; aborts `signal` on LEASE_LOST. */
+/**
+ * Renews a lease every third of its length until stopped; aborts `signal` on LEASE_LOST,
+ * and at the lease's end (`endsAt`, `performance.now()` milliseconds, moved on by each
+ * renewal) when no renewal came in time.
+ */
 class LeaseRenewal {
   private readonly controller = new AbortController();
   private timer: NodeJS.Timeout | undefined;
+  private expiry: NodeJS.Timeout | undefined;
   private inFlight: Promise<void> = Promise.resolve();
   private stopped = false;
+  /** Rejects with the {@link LeaseExpiredError} once the lease has ended unrenewed. */
+  readonly expired: Promise<never>;
+  private expire: (error: LeaseExpiredError) => void = () => {};
 
   constructor(
     private readonly client: JournalClient,
     private readonly leaseToken: string,
     private readonly leaseSeconds: number,
-  ) {}
+    private endsAt: number,
+  ) {
+    this.expired = new Promise<never>((_, reject) => {
+      this.expire = reject;
+    });
+    this.expired.catch(() => {}); // observed by execute's race, or by nobody
+  }
 
   get signal(): AbortSignal {
     return this.controller.signal;
   }
 
-  start(): void {
-    this.schedule();
+  remainingMs(): number {
+    return Math.max(0, this.endsAt - performance.now());
+  }
+
+  start(renew: boolean): void {
+    if (renew) {
+      this.schedule();
+    }
+    this.watchExpiry();
+  }
+
+  private watchExpiry(): void {
+    clearTimeout(this.expiry);
+    if (this.stopped) {
+      return;
+    }
+    const left = this.endsAt - performance.now();
+    if (left > 0) {
+      this.expiry = setTimeout(() => this.watchExpiry(), Math.min(left, 2 ** 31 - 1));
+      return;
+    }
+    const error = new LeaseExpiredError();
+    if (!this.controller.signal.aborted) {
+      this.controller.abort(error);
+    }
+    this.expire(error);
   }
 
   private schedule(): void {
@@ -319,7 +379,10 @@ class LeaseRenewal {
 
   private async renew(): Promise<void> {
     try {
-      await this.client.renewLease(this.leaseToken, this.leaseSeconds);
+      const sentAt = performance.now();
+      const renewed = await this.client.renewLease(this.leaseToken, this.leaseSeconds);
+      this.endsAt = sentAt + grantedLeaseMs(renewed);
+      this.watchExpiry();
     } catch (error) {
       if (error instanceof LeaseLostError) {
         this.stopped = true;
@@ -332,8 +395,20 @@ class LeaseRenewal {
   async stop(): Promise<void> {
     this.stopped = true;
     clearTimeout(this.timer);
+    clearTimeout(this.expiry);
     await this.inFlight;
+    clearTimeout(this.expiry);
   }
+}
+
+/** The exact length of a granted lease in milliseconds, from two database-clock timestamps. */
+function grantedLeaseMs(operation: Operation): number {
+  const until = operation.leaseUntil;
+  const at = operation.updatedAt;
+  if (until === undefined || at === undefined) {
+    return 0;
+  }
+  return Math.max(0, Number(until.seconds - at.seconds) * 1000 + (until.nanos - at.nanos) / 1e6);
 }
 
 /** The length of the lease Begin granted, by the server's clock (at least 1 s). */
@@ -381,6 +456,11 @@ function replay(operation: Operation): Outcome {
  * @returns the {@link Outcome}; switch on `kind`.
  * @throws {IdempotencyKeyReusedError} the key is bound to another payload; the provider was not called.
  * @throws {LeaseLostError} another holder took the lease over before this call's report.
+ * @throws {LeaseExpiredBeforeCallError} Begin's EXECUTE answer arrived after the lease it
+ *   granted had ended (measured from when the Begin was sent): the provider was not called
+ *   and nothing was reported; begin the same intent again. A call still running when its
+ *   lease ends unrenewed is not awaited further: its outcome is recorded unknown
+ *   ({@link LEASE_EXPIRED}) and `ProviderCall.signal` is aborted.
  * @throws {InvalidArgumentError} a malformed request (nothing was called). When the journal
  *   refuses the success report of a call that ran (`RESULT_TOO_LARGE`, `INVALID_RESULT`,
  *   `INVALID_EXTERNAL_ID`), or its result cannot be written as JSON, nothing is thrown: the
@@ -395,7 +475,7 @@ export async function execute(
   call: (call: ProviderCall) => Promise<ProviderResult>,
   options: ExecuteOptions = {},
 ): Promise<Outcome> {
-  const begin = await beginWaiting(client, request, options);
+  const { begin, sentAt } = await beginWaiting(client, request, options);
   const operation = begin.operation;
   switch (begin.decision) {
     case Decision.EXECUTE:
@@ -418,16 +498,27 @@ export async function execute(
 
   const held = requiredOperation(operation);
   const token = begin.leaseToken;
-  const renewal = new LeaseRenewal(client, token, grantedLeaseSeconds(held));
-  if (options.renewLease ?? true) {
-    renewal.start();
+  const leaseMs = grantedLeaseMs(held);
+  if (performance.now() >= sentAt + leaseMs) {
+    // The answer came after the lease it grants had ended: another holder may have it by
+    // now. Call nothing, report nothing.
+    throw new LeaseExpiredBeforeCallError(leaseMs);
   }
+  const renewal = new LeaseRenewal(client, token, grantedLeaseSeconds(held), sentAt + leaseMs);
+  renewal.start(options.renewLease ?? true);
   let returned: ProviderResult;
   try {
-    returned = await call({ providerKey: held.providerKey, operation: held, signal: renewal.signal });
+    const provider = call({
+      providerKey: held.providerKey,
+      operation: held,
+      signal: renewal.signal,
+      leaseRemainingMs: () => renewal.remainingMs(),
+    });
+    returned = await Promise.race([provider, renewal.expired]);
   } catch (error) {
     await renewal.stop();
-    const decided = verdict(error, options);
+    const decided: { rejected: string } | { unknown: string } =
+      error instanceof LeaseExpiredError ? { unknown: LEASE_EXPIRED } : verdict(error, options);
     if ("rejected" in decided) {
       const failed = await client.fail(token, decided.rejected);
       return { kind: "failed_final", operation: failed, errorCode: decided.rejected, replayed: false, cause: error };
@@ -495,13 +586,14 @@ function retryAfterMs(begin: BeginOperationResponse): number {
 /**
  * Begins, and asks again while the answer is IN_PROGRESS or VERIFICATION_REQUIRED and the
  * caller's wait for that decision ({@link ExecuteOptions.inProgressWaitMs},
- * {@link ExecuteOptions.settleWaitMs}) has time left. Resolves to the last answer.
+ * {@link ExecuteOptions.settleWaitMs}) has time left. Resolves to the last answer, and when
+ * the Begin that answered was first sent (`performance.now()` milliseconds).
  */
 async function beginWaiting(
   client: JournalClient,
   request: BeginRequest,
   options: ExecuteOptions,
-): Promise<BeginOperationResponse> {
+): Promise<{ begin: BeginOperationResponse; sentAt: number }> {
   const started = Date.now();
   const inProgressUntil = started + Math.max(0, options.inProgressWaitMs ?? 0);
   const settleUntil = started + Math.max(0, options.settleWaitMs ?? 0);
@@ -510,6 +602,9 @@ async function beginWaiting(
   // an answer that never arrived.
   const attempt = { ...request, attemptId: request.attemptId ?? randomUUID() };
   for (let step = 100; ; step = Math.min(step * 2, 2000)) {
+    // A repeat after a lost answer gets the lease granted to the first send of this
+    // Begin (the client repeats it inside `begin`): its lease is measured from here.
+    const sentAt = performance.now();
     const begin = await client.begin(attempt);
     let wait: number;
     if (begin.decision === Decision.IN_PROGRESS) {
@@ -518,10 +613,10 @@ async function beginWaiting(
     } else if (begin.decision === Decision.VERIFICATION_REQUIRED) {
       wait = Math.min(step, settleUntil - Date.now());
     } else {
-      return begin;
+      return { begin, sentAt };
     }
     if (wait <= 0) {
-      return begin;
+      return { begin, sentAt };
     }
     await sleep(wait);
   }

@@ -8,8 +8,10 @@
  *
  * 1. the idempotency key the MCP client sent with the call — `params.idempotencyKey` of
  *    `tools/call`, the shape of the MCP request-idempotency proposal (SEP-3182), or
- *    `params._meta.idempotencyKey` — scoped by the server's code to the tool (default
- *    `mcp:<tool>:<key>`, see {@link JournaledToolOptions.clientKey});
+ *    `params._meta.idempotencyKey` — scoped by the server's code to the tool and to who
+ *    calls (default `mcp:<tool>:<key>`, or `mcp:<tool>:u-<caller scope>:<key>` when the
+ *    transport authenticated the caller: {@link JournaledToolOptions.callerIdentity},
+ *    {@link JournaledToolOptions.clientKey});
  * 2. else the key the server's code derives from the arguments and the request context
  *    ({@link JournaledToolOptions.deriveKey}).
  *
@@ -30,6 +32,8 @@
  * @module
  */
 
+import { createHash } from "node:crypto";
+
 import type { McpServer, RegisteredTool } from "@modelcontextprotocol/sdk/server/mcp.js";
 import type { ShapeOutput, ZodRawShapeCompat } from "@modelcontextprotocol/sdk/server/zod-compat.js";
 import type { RequestHandlerExtra } from "@modelcontextprotocol/sdk/shared/protocol.js";
@@ -47,6 +51,7 @@ import {
   IdempotencyKeyReusedError,
   InvalidArgumentError,
   JournalUnavailableError,
+  LeaseExpiredBeforeCallError,
   LeaseLostError,
 } from "./errors.js";
 import { execute, type Outcome } from "./execute.js";
@@ -172,7 +177,9 @@ export const TOOL_ERROR_TEXT = {
     "the {subject} could not be started.",
   /**
    * The journal could not be reached before anything was registered, or could not record
-   * the outcome (`UNAVAILABLE`, `DEADLINE_EXCEEDED`). Calling again with the same key is safe.
+   * the outcome (`UNAVAILABLE`, `DEADLINE_EXCEEDED`), or Begin's answer arrived after the
+   * lease it granted had ended (`LEASE_EXPIRED_BEFORE_CALL`: nothing was called). Calling
+   * again with the same key is safe.
    */
   journal_unavailable:
     "temporarily unavailable: the operation journal could not be reached, so this {subject} " +
@@ -239,6 +246,32 @@ export function retryAfterSeconds(retryAfterMs: number): number {
   return Math.max(1, rounded);
 }
 
+/**
+ * The default {@link JournaledToolOptions.callerIdentity}: the principal of the access token
+ * the server's transport verified (`extra.authInfo`): its client id, and the issuer and
+ * subject its verifier put in `authInfo.extra` (`iss`; `sub` or `subject`), as JSON —
+ * the same text as the Python integration's `authenticated_caller`. Undefined when the
+ * transport authenticated nobody (stdio, or a server without auth).
+ */
+export function authenticatedCaller(extra: ToolExtra): string | undefined {
+  const auth = extra.authInfo;
+  if (auth === undefined) {
+    return undefined;
+  }
+  const claims = auth.extra ?? {};
+  const text = (value: unknown): string | null => (typeof value === "string" ? value : null);
+  return JSON.stringify([auth.clientId, text(claims.iss), text(claims.sub) ?? text(claims.subject)]);
+}
+
+/**
+ * The part of a journal key that stands for a caller's `identity`: `u-` and the first 96
+ * bits of its SHA-256 in hex (26 characters), so that keys never hold an e-mail address or
+ * a name.
+ */
+export function callerScope(identity: string): string {
+  return `u-${createHash("sha256").update(identity, "utf8").digest("hex").slice(0, 24)}`;
+}
+
 /** A client's idempotency key: 1-128 characters of `[A-Za-z0-9._:-]`. */
 export const CLIENT_KEY_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
 
@@ -292,12 +325,24 @@ export interface JournaledToolOptions<Args, R> {
    */
   subject?: string;
   /**
+   * Who calls, for the scope of a client's key: a function of the request context
+   * answering a string that names one user, or undefined when nobody is known. Default
+   * {@link authenticatedCaller} (the principal of the access token in `extra.authInfo`):
+   * over an authenticating HTTP transport two users who send the same key never replay
+   * each other's results. A verifier that sets no subject leaves only the OAuth client id,
+   * which all users of one client share: give such a server its own function. A function
+   * that throws refuses the call (`invalid_key`). `false`: keys are scoped by the tool
+   * only (one user per server). Not used when {@link clientKey} is given.
+   */
+  callerIdentity?: false | ((extra: ToolExtra) => string | undefined);
+  /**
    * Turns the client's idempotency key (checked first: 1-128 characters of
    * `[A-Za-z0-9._:-]`, else `invalid_key`) into the journal's key; default
-   * `` (key) => `mcp:${tool}:${key}` ``. Scope it further with what the server knows of the
-   * caller (the authenticated user in `extra.authInfo`), so that two users' keys never
-   * meet; the key it makes must be 1-200 characters ({@link MAX_OPERATION_KEY_CHARS}), else
-   * the call is `invalid_key` and nothing is sent. `false`: ignore keys sent by clients.
+   * `` `mcp:${tool}:${key}` ``, or `` `mcp:${tool}:${callerScope(identity)}:${key}` `` when
+   * {@link callerIdentity} names the caller. A function given here makes the whole key
+   * itself: scope it by the caller (`extra.authInfo`) so that two users' keys never meet;
+   * the key it makes must be 1-200 characters ({@link MAX_OPERATION_KEY_CHARS}), else the
+   * call is `invalid_key` and nothing is sent. `false`: ignore keys sent by clients.
    */
   clientKey?: false | ((idempotencyKey: string, extra: ToolExtra) => string);
   /**
@@ -383,7 +428,7 @@ function keyOf<Args, R>(
   extra: ToolExtra,
 ): { key: string } | { error: CallToolResult } {
   const subject = { subject: options.subject };
-  const clientKey = options.clientKey ?? ((key: string) => `mcp:${tool}:${key}`);
+  const clientKey = options.clientKey ?? ((key: string, callExtra: ToolExtra) => scopedKey(tool, options, key, callExtra));
   if (clientKey !== false) {
     const meta = (extra._meta ?? {}) as Record<string, unknown>;
     const sent = [meta[LIFTED_KEY_META], meta.idempotencyKey].filter(
@@ -397,7 +442,13 @@ function keyOf<Args, R>(
       if (typeof key !== "string" || !CLIENT_KEY_PATTERN.test(key)) {
         return { error: toolError("invalid_key", subject) };
       }
-      const scoped = clientKey(key, extra);
+      let scoped: string;
+      try {
+        scoped = clientKey(key, extra);
+      } catch {
+        // Who calls is unknown: the key must not be shared with other callers.
+        return { error: toolError("invalid_key", subject) };
+      }
       return fitsJournal(scoped) ? { key: scoped } : { error: toolError("invalid_key", subject) };
     }
   }
@@ -406,6 +457,18 @@ function keyOf<Args, R>(
     return fitsJournal(derived) ? { key: derived } : { error: toolError("invalid_key", subject) };
   }
   return { error: toolError("key_required", subject) };
+}
+
+/** The default journal key of a client's key: scoped by the tool and by who calls. */
+function scopedKey<Args, R>(
+  tool: string,
+  options: JournaledToolOptions<Args, R>,
+  key: string,
+  extra: ToolExtra,
+): string {
+  const identify = options.callerIdentity ?? authenticatedCaller;
+  const identity = identify === false ? undefined : identify(extra);
+  return identity === undefined ? `mcp:${tool}:${key}` : `mcp:${tool}:${callerScope(identity)}:${key}`;
 }
 
 function successResult(result: unknown): CallToolResult {
@@ -455,7 +518,8 @@ async function runJournaled<Args, R>(
     if (error instanceof IdempotencyKeyReusedError) {
       return toolError("conflict", subject);
     }
-    if (error instanceof JournalUnavailableError) {
+    if (error instanceof JournalUnavailableError || error instanceof LeaseExpiredBeforeCallError) {
+      // Nothing was called or recorded by this call: calling again is safe.
       return toolError("journal_unavailable", subject);
     }
     if (error instanceof LeaseLostError) {

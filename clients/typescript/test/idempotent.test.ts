@@ -1,8 +1,8 @@
 /**
  * `idempotent()` against the real server and sandbox: a wrapped function runs once per
  * key, its errors are classified, the other outcomes are typed errors (or outcome objects),
- * the waits end with another holder's or the reconciler's result, and a lost lease reaches
- * the function as an aborted signal. `tests/typescript_client.rs` checks the rows and the
+ * the waits end with another holder's or the reconciler's result, and a lease that ends
+ * reaches the function as an aborted signal. `tests/typescript_client.rs` checks the rows and the
  * provider's counts afterwards.
  */
 
@@ -17,7 +17,8 @@ import {
   IdempotencyKeyReusedError,
   idempotent,
   InProgressError,
-  LeaseLostError,
+  LEASE_EXPIRED,
+  LeaseExpiredError,
   summarizeOutcome,
   VerificationRequiredError,
   v1,
@@ -231,7 +232,7 @@ test("a duplicate intent under a new key is DuplicateIntentSuspectedError", asyn
   assert.equal(provider.calls(), 1);
 });
 
-test("a lease that ends during the call aborts currentCall().signal with LeaseLostError", async () => {
+test("a lease that ends during the call aborts currentCall().signal and is recorded lease_expired", async () => {
   let aborted: unknown;
   const slow = idempotent(
     async () => {
@@ -241,19 +242,21 @@ test("a lease that ends during the call aborts currentCall().signal with LeaseLo
       while (Date.now() < until) {
         // busy
       }
-      await waitFor("the renewal to report the lost lease", async () => (call.signal.aborted ? true : undefined), 10);
+      await waitFor("the signal to say the lease ended", async () => (call.signal.aborted ? true : undefined), 10);
       aborted = call.signal.reason;
       throw aborted;
     },
     { journal, actionType: "create_payment_dedup", key: "ts:idem:lease-lost", leaseSeconds: 1 },
   );
-  // Nobody took the lease over, so the journal still takes this holder's report: unknown.
+  // The call is not awaited past its lease; nobody took the lease over, so the journal
+  // still takes this holder's report: unknown.
   await assert.rejects(slow(), (error: unknown) => {
     assert.ok(error instanceof VerificationRequiredError);
-    assert.equal(error.errorCode, "lease_lost");
+    assert.equal(error.errorCode, LEASE_EXPIRED);
     return true;
   });
-  assert.ok(aborted instanceof LeaseLostError);
+  await waitFor("the function to see its signal", async () => (aborted === undefined ? undefined : true), 10);
+  assert.ok(aborted instanceof LeaseExpiredError);
 });
 
 test("a classifier that throws or names a malformed code is an unknown outcome at once", async () => {

@@ -1,7 +1,7 @@
 /**
  * Leases through the TypeScript client: a holder whose lease was taken over gets
- * `LeaseLostError` for its report and its renewal, and `execute` renews the lease while a
- * long provider call runs. Uses `create_payment_dedup` (`on_timeout: retry_with_same_key`),
+ * `LeaseLostError` for its report and its renewal, `execute` renews the lease while a long
+ * provider call runs, and stops waiting for a call that outlives its unrenewed lease. Uses `create_payment_dedup` (`on_timeout: retry_with_same_key`),
  * whose ended lease may be claimed again by a new holder.
  */
 
@@ -10,7 +10,7 @@ import { after, test } from "node:test";
 
 import { Code } from "@connectrpc/connect";
 
-import { LeaseLostError, type Outcome, v1 } from "../src/index.js";
+import { LEASE_EXPIRED, LeaseExpiredError, LeaseLostError, type Outcome, v1 } from "../src/index.js";
 import { connect, PAY_817, Sandbox, waitFor } from "./harness.js";
 
 const client = connect();
@@ -57,25 +57,35 @@ test("a stale holder gets LEASE_LOST for its report and its renewal", async () =
   assert.equal(done.externalId, payment.id);
 });
 
-test("execute rejects with LeaseLostError when its lease was taken over", async () => {
+test("a call that outlives its unrenewed lease is cut off and recorded unknown", async () => {
   const key = "ts:leases:taken-over";
-  let second: v1.BeginOperationResponse | undefined;
-  await assert.rejects(
-    client.execute(
-      { operationKey: key, actionType: "create_payment_dedup", payload: PAY_817, leaseSeconds: 1 },
-      async (call) => {
-        const payment = await sandbox.pay(call.providerKey, PAY_817);
-        // Stalls past its lease (no renewal) until another worker holds a new one.
-        second = await takeOver(key);
-        return { externalId: payment.id, result: payment };
-      },
-      { renewLease: false },
-    ),
-    isLeaseLost,
+  let stalled: Promise<v1.BeginOperationResponse> | undefined;
+  let signal: AbortSignal | undefined;
+  let remainingAtStart = -1;
+  const outcome = await client.execute(
+    { operationKey: key, actionType: "create_payment_dedup", payload: PAY_817, leaseSeconds: 1 },
+    async (call) => {
+      signal = call.signal;
+      remainingAtStart = call.leaseRemainingMs();
+      const payment = await sandbox.pay(call.providerKey, PAY_817);
+      // Stalls past its lease (no renewal) until another worker holds a new one.
+      stalled = takeOver(key);
+      await stalled;
+      return { externalId: payment.id, result: payment };
+    },
+    { renewLease: false },
   );
+  // execute stopped waiting when the lease ended, and recorded the outcome unknown.
+  assert.equal(outcome.kind, "verification_required");
+  assert.ok(outcome.kind === "verification_required" && outcome.reported);
+  assert.equal(outcome.errorCode, LEASE_EXPIRED);
+  assert.ok(remainingAtStart > 0 && remainingAtStart <= 1000, `${remainingAtStart}`);
+  assert.ok(signal?.aborted && signal.reason instanceof LeaseExpiredError);
 
   // The new holder calls the provider with the same key: the provider deduplicates.
-  assert.ok(second);
+  assert.ok(stalled);
+  const second = await stalled;
+  assert.equal(second.operation?.attemptCount, 2);
   const payment = await sandbox.pay(second.operation?.providerKey ?? "", PAY_817);
   await client.complete(second.leaseToken, { externalId: payment.id, result: payment });
   assert.deepEqual(await sandbox.effects(key), { requests: 2, effects: 1, lookups: 0 });

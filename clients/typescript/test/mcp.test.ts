@@ -22,7 +22,9 @@ import { fileURLToPath } from "node:url";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { InMemoryTransport } from "@modelcontextprotocol/sdk/inMemory.js";
+import type { AuthInfo } from "@modelcontextprotocol/sdk/server/auth/types.js";
 import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
+import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import { ErrorCode, McpError, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { z } from "zod";
 
@@ -36,6 +38,7 @@ import {
   v1,
 } from "../src/index.js";
 import {
+  callerScope,
   currentCall,
   OUTCOME_META_KEY,
   registerJournaledTool,
@@ -451,34 +454,36 @@ test("the same payment under another key, held by the duplicate-intent policy, i
 });
 
 test("a lease taken over before the report is lease_lost; the retry gets the new holder's payment", async () => {
+  const key = "9b2f0c6e-taken-over";
+  const journalKey = `mcp:create_payment:${key}`;
+  const args = { ...ORDER, order_id: "mcp-taken-over" };
+  let taken: v1.BeginOperationResponse | undefined;
   // A worker whose lease renewals do not get through (the journal is unreachable for
-  // them): everything else goes to the real journal.
+  // them) and whose success report arrives late, after its 1 s lease ended and another
+  // worker holds a new one: everything else goes to the real journal.
   const stalled = new Proxy(journal, {
     get(target, property) {
       if (property === "renewLease") {
         return () =>
           Promise.reject(new JournalUnavailableError({ code: Code.Unavailable, rawMessage: "renewal held back" }));
       }
+      if (property === "complete") {
+        return async (...report: Parameters<JournalClient["complete"]>) => {
+          taken = await waitFor("the lease to be taken over", async () => {
+            const begin = await journal.begin({ operationKey: journalKey, actionType: "create_payment_dedup", payload: args });
+            return begin.decision === v1.Decision.EXECUTE ? begin : undefined;
+          });
+          return journal.complete(...report);
+        };
+      }
       const value: unknown = Reflect.get(target, property, target);
       return typeof value === "function" ? value.bind(target) : value;
     },
   });
-  const key = "9b2f0c6e-taken-over";
-  const journalKey = `mcp:create_payment:${key}`;
-  const args = { ...ORDER, order_id: "mcp-taken-over" };
-  let taken: v1.BeginOperationResponse | undefined;
   const local = await inMemory(
     false,
     { journal: stalled, actionType: "create_payment_dedup", leaseSeconds: 1, subject: "payment" },
-    async (body) => {
-      const payment = await sandbox.pay(currentCall().providerKey, body);
-      // Stalls past its 1 s lease until another worker holds a new one.
-      taken = await waitFor("the lease to be taken over", async () => {
-        const begin = await journal.begin({ operationKey: journalKey, actionType: "create_payment_dedup", payload: args });
-        return begin.decision === v1.Decision.EXECUTE ? begin : undefined;
-      });
-      return payment;
-    },
+    async (body) => sandbox.pay(currentCall().providerKey, body),
   );
   const params = { name: "create_payment", arguments: args, _meta: { idempotencyKey: key } };
   assertToolError(await call(local, params), "lease_lost", { subject: "payment" });
@@ -492,4 +497,120 @@ test("a lease taken over before the report is lease_lost; the retry gets the new
   assert.equal((retried.structuredContent as { id: string }).id, payment.id);
   assert.deepEqual(await sandbox.effects(journalKey), { requests: 2, effects: 1, lookups: 0 });
   await local.close();
+});
+
+/**
+ * A server transport that delivers each message as the server's HTTP transport delivers an
+ * authenticated request: with the verified token's `authInfo` (here: of the user the test
+ * names in `params._meta["test/user"]`; one OAuth client, several users).
+ */
+function authenticating<T extends Transport>(transport: T): T {
+  return new Proxy(transport, {
+    get(target, property) {
+      const value: unknown = Reflect.get(target, property, target);
+      return typeof value === "function" && property !== "onmessage" ? value.bind(target) : value;
+    },
+    set(target, property, value) {
+      if (property === "onmessage" && typeof value === "function") {
+        const deliver = value as NonNullable<Transport["onmessage"]>;
+        const signedIn: Transport["onmessage"] = (message, extra) => {
+          const params = "params" in message ? (message.params as Record<string, unknown> | undefined) : undefined;
+          const user = (params?._meta as Record<string, unknown> | undefined)?.["test/user"];
+          const authInfo: AuthInfo | undefined =
+            typeof user === "string"
+              ? {
+                  token: `token-of-${user}`,
+                  clientId: "payments-assistant",
+                  scopes: ["payments"],
+                  extra: { iss: "https://id.example.test", sub: user },
+                }
+              : undefined;
+          deliver(message, { ...extra, authInfo });
+        };
+        return Reflect.set(target, property, signedIn);
+      }
+      return Reflect.set(target, property, value);
+    },
+  });
+}
+
+test("two users of one server with the same key and arguments never replay each other's results", async () => {
+  const server = new McpServer({ name: "shared", version: "0.2.0" });
+  registerJournaledTool(
+    server,
+    "pay_order",
+    { inputSchema: { order_id: z.string(), amount_minor: z.number(), currency: z.string() } },
+    { journal, actionType: "create_payment", subject: "payment" },
+    async (args: Order) => sandbox.pay(currentCall().providerKey, args),
+  );
+  const [clientSide, serverSide] = InMemoryTransport.createLinkedPair();
+  await server.connect(authenticating(serverSide));
+  const local = new Client({ name: "opjournal-test", version: "0.2.0" });
+  await local.connect(clientSide);
+  const args = { order_id: "ts-840", amount_minor: 1200, currency: "EUR" };
+  const as = (user: string) =>
+    call(local, { name: "pay_order", arguments: args, _meta: { idempotencyKey: "order-840", "test/user": user } });
+
+  const paid = new Map<string, string>();
+  for (const user of ["alice", "bob"]) {
+    const first = await as(user);
+    const again = await as(user);
+    assert.equal(first.isError, undefined, text(first));
+    assert.equal(again.isError, undefined, text(again));
+    const id = (first.structuredContent as { id: string }).id;
+    // The user's own second call replays the user's own first payment.
+    assert.equal((again.structuredContent as { id: string }).id, id);
+    paid.set(user, id);
+  }
+  assert.notEqual(paid.get("alice"), paid.get("bob"), "bob's call did not replay alice's payment");
+  await local.close();
+
+  for (const user of ["alice", "bob"]) {
+    const identity = JSON.stringify(["payments-assistant", "https://id.example.test", user]);
+    const key = `mcp:pay_order:${callerScope(identity)}:order-840`;
+    assert.deepEqual(await sandbox.effects(key), { requests: 1, effects: 1, lookups: 0 }, user);
+  }
+  assert.equal((await sandbox.effects("mcp:pay_order:order-840")).requests, 0);
+});
+
+test("without an authenticated caller, or with callerIdentity false, keys are scoped by the tool only", async () => {
+  const args = { ...ORDER, order_id: "ts-841" };
+  for (const [options, key] of [
+    [{}, "ts-841-anonymous"],
+    [{ callerIdentity: false as const }, "ts-841-unscoped"],
+  ] as const) {
+    const local = await inMemory(false, options);
+    const paid = await call(local, { name: "create_payment", arguments: args, _meta: { idempotencyKey: key } });
+    assert.equal(paid.isError, undefined, text(paid));
+    await local.close();
+    assert.equal((await sandbox.effects(`mcp:create_payment:${key}`)).effects, 1);
+  }
+});
+
+test("a server's own callerIdentity scopes the keys; a caller it cannot name is invalid_key", async () => {
+  const local = await inMemory(false, {
+    callerIdentity: (extra) => {
+      const user = (extra._meta as Record<string, unknown> | undefined)?.["test/user"];
+      if (user === "nobody-knows") {
+        throw new Error("the gateway sent no user");
+      }
+      return typeof user === "string" ? user : undefined;
+    },
+  });
+  const args = { ...ORDER, order_id: "ts-842" };
+  const as = (user: string) =>
+    call(local, { name: "create_payment", arguments: args, _meta: { idempotencyKey: "order-842", "test/user": user } });
+  const ids: string[] = [];
+  for (const user of ["carol", "dave", "carol"]) {
+    const paid = await as(user);
+    assert.equal(paid.isError, undefined, text(paid));
+    ids.push((paid.structuredContent as { id: string }).id);
+  }
+  assert.equal(ids[0], ids[2]);
+  assert.notEqual(ids[0], ids[1]);
+  assertToolError(await as("nobody-knows"), "invalid_key", {});
+  await local.close();
+  for (const user of ["carol", "dave"]) {
+    assert.equal((await sandbox.effects(`mcp:create_payment:${callerScope(user)}:order-842`)).effects, 1, user);
+  }
 });

@@ -16,6 +16,7 @@ import { parse } from "yaml";
 
 import {
   IdempotencyKeyReusedError,
+  LeaseExpiredBeforeCallError,
   LeaseLostError,
   OperationNotFoundError,
   ProviderRejected,
@@ -204,7 +205,7 @@ class Run {
       payload,
       leaseSeconds: step.lease_seconds ?? 0,
     };
-    let outcome: Outcome | "conflict" | "lease_lost";
+    let outcome: Outcome | "conflict" | "lease_lost" | "lease_expired";
     try {
       outcome = await client.execute(request, this.provider(step.provider, stepKey, actionType, payload), options);
     } catch (error) {
@@ -212,6 +213,8 @@ class Run {
         outcome = "conflict";
       } else if (error instanceof LeaseLostError) {
         outcome = "lease_lost";
+      } else if (error instanceof LeaseExpiredBeforeCallError) {
+        outcome = "lease_expired";
       } else {
         throw error;
       }

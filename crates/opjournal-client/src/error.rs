@@ -59,6 +59,19 @@ impl ClientError {
         )
     }
 
+    /// A Begin's `EXECUTE` answer arrived after the lease it granted had ended (measured
+    /// from when the Begin was sent): the provider was not called, nothing was reported.
+    pub(crate) fn lease_expired_before_call(length: Duration) -> Self {
+        Self::local(
+            Code::Aborted,
+            ErrorReason::LeaseExpiredBeforeCall,
+            format!(
+                "the Begin answer arrived after its lease of {length:?} had ended; the provider \
+                 was not called: begin the same intent again to see where it stands"
+            ),
+        )
+    }
+
     /// The payload could not be made into JSON on this side (never sent).
     pub(crate) fn unserializable_payload() -> Self {
         Self::local(
@@ -209,6 +222,11 @@ pub enum ErrorReason {
     KeyPatternMismatch,
     /// `INVALID_ARGUMENT`: the Begin's attempt id is not 16-64 characters of `[A-Za-z0-9_-]`.
     InvalidAttemptId,
+    /// `ABORTED`, made on this side by `execute`: the Begin's `EXECUTE` answer arrived after
+    /// the lease it granted had ended (measured from when the Begin was sent), so the
+    /// provider was not called and nothing was reported. Begin the same intent again (same
+    /// key): it replays, asks for verification, or grants a new lease.
+    LeaseExpiredBeforeCall,
     /// `RESOURCE_EXHAUSTED`: the server is serving as many calls as it allows
     /// (`max_in_flight_requests`); nothing was done. Repeat the same call after the
     /// `RetryInfo` delay.
@@ -221,7 +239,7 @@ pub enum ErrorReason {
 }
 
 impl ErrorReason {
-    const NAMED: [(&'static str, ErrorReason); 38] = [
+    const NAMED: [(&'static str, ErrorReason); 39] = [
         ("IDEMPOTENCY_KEY_REUSED", Self::IdempotencyKeyReused),
         ("LEASE_LOST", Self::LeaseLost),
         ("CONCURRENT_MODIFICATION", Self::ConcurrentModification),
@@ -263,6 +281,7 @@ impl ErrorReason {
         ("KEY_PATTERN_MISMATCH", Self::KeyPatternMismatch),
         ("INVALID_ATTEMPT_ID", Self::InvalidAttemptId),
         ("SERVER_OVERLOADED", Self::ServerOverloaded),
+        ("LEASE_EXPIRED_BEFORE_CALL", Self::LeaseExpiredBeforeCall),
     ];
 
     /// The reason as sent on the wire (`TRANSPORT` when there was no `ErrorInfo`).

@@ -12,6 +12,12 @@
 //!   `execute` call): the journal answers the repeat with the lease it already granted, so
 //!   the call still runs at that attempt instead of meeting its own lease as `IN_PROGRESS`
 //!   and, once it ended, needing verification of a call that never happened.
+//! - The provider is called only inside the lease: the lease's end is measured on this
+//!   side's monotonic clock from the moment the Begin that got it was sent (the granted
+//!   length, `lease_until - updated_at` on the database clock, needs no clock sync). A Begin
+//!   answer that arrives after that end calls nothing and is the typed
+//!   [`ErrorReason::LeaseExpiredBeforeCall`]; otherwise the call is cut off at the lease's
+//!   end, pushed back by each renewal, and its outcome is unknown (`lease_expired`).
 //! - A report whose answer was lost (unreachable server, `CANCELLED`, a missed deadline) is
 //!   repeated with the same fencing token and the same outcome: the server answers a repeat
 //!   with the record it already holds, so repeating is safe, and giving up would leave an
@@ -38,6 +44,8 @@ const RENEW_FRACTION: u32 = 3;
 /// The error code recorded when the journal refused the report of a success (the effect
 /// happened; reconciliation settles it).
 pub const RESULT_REFUSED: &str = "result_refused";
+/// The error code recorded when the provider call was cut off at the end of its lease.
+pub const LEASE_EXPIRED: &str = "lease_expired";
 /// The first and the longest pause between two Begins while waiting.
 const FIRST_POLL: Duration = Duration::from_millis(200);
 const LONGEST_POLL: Duration = Duration::from_secs(2);
@@ -93,6 +101,7 @@ pub struct ProviderCall {
     /// The lease number (1 for the first attempt).
     pub attempt: i32,
     lease_lost: watch::Receiver<bool>,
+    lease_end: watch::Receiver<Instant>,
 }
 
 impl ProviderCall {
@@ -100,6 +109,15 @@ impl ProviderCall {
     /// operation, and this call's report will be refused.
     pub fn is_lease_lost(&self) -> bool {
         *self.lease_lost.borrow()
+    }
+
+    /// How long until the lease ends unless it is renewed (zero once it has): the Begin's
+    /// send time plus the length granted, moved on by each renewal. The call is dropped at
+    /// that end; give the provider request a timeout no longer than this.
+    pub fn lease_remaining(&self) -> Duration {
+        self.lease_end
+            .borrow()
+            .saturating_duration_since(Instant::now())
     }
 
     /// Resolves when a lease renewal is refused with `LEASE_LOST` (never, if the lease
@@ -162,7 +180,8 @@ impl JournalClient {
         F: FnOnce(ProviderCall) -> Fut,
         Fut: Future<Output = ProviderOutcome>,
     {
-        let (operation, lease) = match self.begin_waiting(&intent, options).await? {
+        let (begun, sent_at) = self.begin_waiting(&intent, options).await?;
+        let (operation, lease) = match begun {
             Begun::Execute { operation, lease } => (operation, lease),
             Begun::Replay(operation) => return Ok(Executed::from_terminal(operation, true)),
             Begun::InProgress {
@@ -185,22 +204,37 @@ impl JournalClient {
                 });
             }
         };
+        let length = lease_length(&operation);
+        let lease_end = sent_at + length;
+        if Instant::now() >= lease_end {
+            // The answer came after the lease it grants had ended: another holder may
+            // already have it, so the provider is not called and nothing is reported.
+            return Err(ClientError::lease_expired_before_call(length));
+        }
+        let (end_tx, end_rx) = watch::channel(lease_end);
         let (lost_tx, lost_rx) = watch::channel(false);
         let provider_call = ProviderCall {
             provider_key: operation.provider_key.clone(),
             operation_key: operation.operation_key.clone(),
             attempt: operation.attempt_count,
             lease_lost: lost_rx,
+            lease_end: end_rx.clone(),
         };
-        let length = lease_length(&operation);
         let outcome = {
             let call = AssertUnwindSafe(call(provider_call)).catch_unwind();
-            let renewals = self.renew_until_dropped(&lease, length, &lost_tx);
-            futures::pin_mut!(call, renewals);
-            match futures::future::select(call, renewals).await {
-                futures::future::Either::Left((outcome, _)) => outcome,
+            let renewals = self.renew_until_dropped(&lease, length, &lost_tx, &end_tx);
+            let expiry = lease_expiry(end_rx);
+            futures::pin_mut!(call, renewals, expiry);
+            tokio::select! {
+                outcome = &mut call => outcome,
                 // Renewing never ends by itself.
-                futures::future::Either::Right(((), call)) => call.await,
+                () = &mut renewals => (&mut call).await,
+                () = &mut expiry => {
+                    tracing::warn!("the provider call outlived its lease; cut off as unknown");
+                    Ok(ProviderOutcome::Uncertain {
+                        error_code: Some(LEASE_EXPIRED.to_owned()),
+                    })
+                }
             }
         };
         let outcome = match outcome {
@@ -275,18 +309,27 @@ impl JournalClient {
     /// Begin of this call carries the same attempt id: the call runs the provider at most
     /// once, after the one `EXECUTE` it receives, so a repeat that gets a lease back only
     /// ever replaces an answer that never arrived.
+    ///
+    /// Also returns when the Begin that may have been granted the answer's lease was sent:
+    /// the first Begin sent since the last one answered (a repeat after a lost answer gets
+    /// the lease granted to the first).
     async fn begin_waiting(
         &self,
         intent: &Intent,
         options: &ExecuteOptions,
-    ) -> Result<Begun, ClientError> {
+    ) -> Result<(Begun, Instant), ClientError> {
         let started = Instant::now();
         let attempt = AttemptId::random();
         let mut poll = FIRST_POLL;
         let mut previous = None;
+        let mut unanswered_since = None;
         loop {
+            let sent_at = *unanswered_since.get_or_insert_with(Instant::now);
             let begun = match (self.begin_as(intent, &attempt).await, previous.take()) {
-                (Ok(begun), _) => begun,
+                (Ok(begun), _) => {
+                    unanswered_since = None;
+                    begun
+                }
                 // While waiting, a Begin without an answer leaves the last answer standing.
                 (Err(err), Some(previous)) if err.is_transient() => previous,
                 (Err(err), _) => return Err(err),
@@ -296,11 +339,11 @@ impl JournalClient {
                     (options.in_progress_wait, Some(*retry_after))
                 }
                 Begun::VerificationRequired(_) => (options.settle_wait, None),
-                _ => return Ok(begun),
+                _ => return Ok((begun, sent_at)),
             };
             let left = deadline.saturating_sub(started.elapsed());
             if left.is_zero() {
-                return Ok(begun);
+                return Ok((begun, sent_at));
             }
             let mut pause = poll.min(left);
             if let Some(retry_after) = retry_after {
@@ -312,19 +355,24 @@ impl JournalClient {
         }
     }
 
-    /// Renews `lease` every third of `length`; never returns. A lost lease stops renewing
-    /// and raises `lost`; a transient failure is tried again at the next tick.
+    /// Renews `lease` every third of `length`; never returns. Each renewal moves `end` to
+    /// when it was sent plus the length granted; a lost lease stops renewing and raises
+    /// `lost`; a transient failure is tried again at the next tick.
     async fn renew_until_dropped(
         &self,
         lease: &Lease,
         length: Duration,
         lost: &watch::Sender<bool>,
+        end: &watch::Sender<Instant>,
     ) {
         let every = (length / RENEW_FRACTION).max(Duration::from_millis(500));
         loop {
             tokio::time::sleep(every).await;
+            let sent_at = Instant::now();
             match self.renew(lease, length).await {
-                Ok(_) => {}
+                Ok(operation) => {
+                    end.send_replace(sent_at + lease_length(&operation));
+                }
                 Err(err) if err.reason == ErrorReason::LeaseLost => {
                     tracing::warn!(reason = %err.reason, "lease lost while the provider call ran");
                     lost.send_replace(true);
@@ -356,6 +404,28 @@ impl JournalClient {
                 tracing::warn!(code = ?err.code, reason = %err.reason, "report unanswered; repeating it");
             })
             .await
+    }
+}
+
+/// Resolves once the instant in `end` has passed (it may move later while waiting).
+async fn lease_expiry(mut end: watch::Receiver<Instant>) {
+    loop {
+        let at = *end.borrow_and_update();
+        tokio::select! {
+            () = tokio::time::sleep_until(at.into()) => {
+                let moved_to = *end.borrow();
+                if moved_to <= Instant::now() {
+                    return;
+                }
+            }
+            changed = end.changed() => {
+                if changed.is_err() {
+                    let at = *end.borrow();
+                    tokio::time::sleep_until(at.into()).await;
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -401,6 +471,7 @@ mod tests {
             operation_key: "k".into(),
             attempt: 1,
             lease_lost: rx,
+            lease_end: watch::channel(Instant::now()).1,
         };
         let waiting = tokio::spawn(call.lease_lost());
         assert!(!call.is_lease_lost());

@@ -22,7 +22,7 @@ import grpc
 
 from opjournal.v1 import journal_pb2 as pb
 
-from .errors import InvalidArgumentError, OpjournalError
+from .errors import InvalidArgumentError, LeaseExpiredBeforeCallError, OpjournalError
 from .outcomes import (
     ERROR_CODE_PATTERN,
     Classifier,
@@ -206,6 +206,15 @@ def granted_lease_seconds(operation: pb.Operation) -> int:
     return max(1, math.ceil(granted))
 
 
+def granted_lease_length(operation: pb.Operation) -> float:
+    """The exact length of the lease Begin (or a renewal) granted, in seconds, from two
+    database-clock timestamps (``lease_until - updated_at``); 0 when either is missing."""
+    if not operation.HasField("lease_until") or not operation.HasField("updated_at"):
+        return 0.0
+    granted = operation.lease_until.ToNanoseconds() - operation.updated_at.ToNanoseconds()
+    return max(0.0, granted / 1e9)
+
+
 def succeeded(operation: pb.Operation, replayed: bool, provider_result: Any = None) -> Succeeded:
     """The :class:`Succeeded` of a SUCCEEDED record."""
     external_id = operation.external_id if operation.HasField("external_id") else None
@@ -270,12 +279,25 @@ class Sleep:
 class CallProvider:
     """Call the provider function with a :class:`ProviderCall` for ``operation`` while
     renewing the lease ``token`` (``lease_seconds`` long) when ``renew``; send back a
-    :class:`Returned` or a :class:`Raised`, never throw."""
+    :class:`Returned` or a :class:`Raised`, never throw. ``lease_ends_at`` is when the lease
+    ends unless renewed, on ``time.monotonic()``'s clock: a driver that can cut the call
+    off there (each renewal moves it to when the renewal was sent plus the length granted)
+    sends back a :class:`Raised` of :class:`LeaseExpired`."""
 
     operation: pb.Operation
     token: str
     lease_seconds: int
     renew: bool
+    lease_ends_at: float = math.inf
+
+
+class LeaseExpired(Exception):
+    """The provider call was cut off when its lease ended unrenewed: an unknown outcome,
+    recorded as :data:`LEASE_EXPIRED`."""
+
+
+#: The error code of the unknown outcome of a provider call cut off at its lease's end.
+LEASE_EXPIRED = "lease_expired"
 
 
 @dataclass(frozen=True)
@@ -362,6 +384,9 @@ def plan(
     started = time.monotonic()
     in_progress_delay = settle_delay = _FIRST_DELAY * 2
     while True:
+        # A repeat after a lost answer gets the lease granted to the first Begin of the
+        # chain: its lease is measured from here.
+        sent_at = time.monotonic()
         answer: pb.BeginOperationResponse = yield from _repeated(
             "BeginOperation", begin, begin_retry_seconds
         )
@@ -389,20 +414,32 @@ def plan(
             return DuplicateIntentSuspected(operation, answer.duplicate_of_operation_key)
         if decision != pb.DECISION_EXECUTE:
             raise UnexpectedDecisionError(f"unknown decision {decision}")
-        return (yield from _execute(answer, options, report_retry_seconds))
+        length = granted_lease_length(answer.operation)
+        if time.monotonic() >= sent_at + length:
+            # The answer came after the lease it grants had ended: another holder may have
+            # it by now. Call nothing, report nothing.
+            raise LeaseExpiredBeforeCallError(length)
+        return (yield from _execute(answer, options, report_retry_seconds, sent_at + length))
 
 
 def _execute(
-    answer: pb.BeginOperationResponse, options: ExecuteOptions, report_retry_seconds: float
+    answer: pb.BeginOperationResponse,
+    options: ExecuteOptions,
+    report_retry_seconds: float,
+    lease_ends_at: float = math.inf,
 ) -> Plan:
     operation = answer.operation
     token = answer.lease_token
     called = yield CallProvider(
-        operation, token, granted_lease_seconds(operation), options.renew_lease
+        operation, token, granted_lease_seconds(operation), options.renew_lease, lease_ends_at
     )
     if isinstance(called, Raised):
         error = called.error
-        verdict = classify(error, options.classify)
+        verdict = (
+            UnknownOutcome(LEASE_EXPIRED)
+            if isinstance(error, LeaseExpired)
+            else classify(error, options.classify)
+        )
         if isinstance(verdict, Rejection):
             failed = yield from _report(
                 "FailOperation", fail_request(token, verdict.error_code), report_retry_seconds

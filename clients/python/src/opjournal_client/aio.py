@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 
 import grpc
@@ -29,7 +30,7 @@ from ._core import (
 from .client import channel_options
 from .errors import LeaseLostError, OpjournalError, decode_error
 from .execute import _legacy_classifier
-from .outcomes import Classifier, Outcome, ProviderCall, ProviderResult
+from .outcomes import Classifier, LeaseDeadline, Outcome, ProviderCall, ProviderResult
 
 __all__ = ["AsyncJournalClient", "AsyncProviderFunction", "execute"]
 
@@ -261,14 +262,20 @@ class AsyncJournalClient:
 
 
 async def _renew(
-    client: AsyncJournalClient, token: str, seconds: int, lost: threading.Event
+    client: AsyncJournalClient,
+    token: str,
+    seconds: int,
+    lost: threading.Event,
+    deadline: LeaseDeadline,
 ) -> None:
-    """Renews a lease every third of its length until cancelled; sets ``lost`` on
-    ``LEASE_LOST``."""
+    """Renews a lease every third of its length until cancelled, moving ``deadline`` on
+    with each renewal; sets ``lost`` on ``LEASE_LOST``."""
     while True:
         await asyncio.sleep(seconds / 3)
         try:
-            await client.renew_lease(token, seconds)
+            sent_at = time.monotonic()
+            renewed = await client.renew_lease(token, seconds)
+            deadline.move_to(sent_at + _core.granted_lease_length(renewed))
         except LeaseLostError:
             _core.LOG.warning("lease lost while the provider call was running")
             lost.set()
@@ -282,15 +289,15 @@ async def _call_provider(
     client: AsyncJournalClient, step: _core.CallProvider, call: AsyncProviderFunction
 ) -> _core.Returned | _core.Raised:
     lost = threading.Event()
+    deadline = LeaseDeadline(step.lease_ends_at)
     renewer = (
-        asyncio.ensure_future(_renew(client, step.token, step.lease_seconds, lost))
+        asyncio.ensure_future(_renew(client, step.token, step.lease_seconds, lost, deadline))
         if step.renew
         else None
     )
+    provider = ProviderCall(step.operation.provider_key, step.operation, lost, deadline)
     try:
-        return _core.Returned(
-            await call(ProviderCall(step.operation.provider_key, step.operation, lost))
-        )
+        return _core.Returned(await _within_lease(call(provider), deadline))
     except BaseException as error:  # noqa: BLE001 - every outcome must be recorded
         return _core.Raised(error)
     finally:
@@ -300,6 +307,32 @@ async def _call_provider(
                 await renewer
             except asyncio.CancelledError:
                 pass
+
+
+async def _within_lease(call: Awaitable[ProviderResult], deadline: LeaseDeadline) -> ProviderResult:
+    """Awaits ``call`` until ``deadline`` (which renewals move on); cancels it there.
+
+    Raises:
+        _core.LeaseExpired: the lease ended first (the call was cancelled).
+    """
+    task = asyncio.ensure_future(call)
+    try:
+        while True:
+            remaining = deadline.remaining()
+            if remaining <= 0:
+                break
+            done, _ = await asyncio.wait({task}, timeout=min(remaining, 3600.0))
+            if done:
+                return task.result()
+    except BaseException:
+        task.cancel()
+        raise
+    task.cancel()
+    try:
+        await task
+    except BaseException:  # noqa: BLE001 - cancelled: its end does not change the outcome
+        pass
+    raise _core.LeaseExpired()
 
 
 #: The error code of the unknown outcome reported when the task was cancelled while Begin

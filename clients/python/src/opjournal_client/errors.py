@@ -81,6 +81,24 @@ class LeaseLostError(OpjournalError):
     state."""
 
 
+class LeaseExpiredBeforeCallError(OpjournalError):
+    """``ABORTED`` / ``LEASE_EXPIRED_BEFORE_CALL``, raised by ``execute`` on this side (the
+    journal never sends it): Begin's EXECUTE answer arrived after the lease it granted had
+    ended, measured on this side's monotonic clock from when that Begin was sent. Another
+    holder may already hold the operation, so the provider was not called and nothing was
+    reported. Begin the same intent again (same key): it replays, asks for verification, or
+    grants a new lease."""
+
+    def __init__(self, lease_seconds: float) -> None:
+        super().__init__(
+            grpc.StatusCode.ABORTED,
+            f"the Begin answer arrived after its lease of {lease_seconds:.3f} s had ended; "
+            "the provider was not called: begin the same intent again to see where it stands",
+            reason="LEASE_EXPIRED_BEFORE_CALL",
+            domain=DOMAIN,
+        )
+
+
 class ConcurrentModificationError(OpjournalError):
     """``ABORTED`` / ``CONCURRENT_MODIFICATION``: the row kept changing under concurrent
     claims; repeat the same call (see :attr:`retry_delay`)."""
@@ -155,6 +173,7 @@ class ServerOverloadedError(JournalUnavailableError):
 _BY_REASON: dict[str, type[OpjournalError]] = {
     "IDEMPOTENCY_KEY_REUSED": IdempotencyKeyReusedError,
     "LEASE_LOST": LeaseLostError,
+    "LEASE_EXPIRED_BEFORE_CALL": LeaseExpiredBeforeCallError,
     "CONCURRENT_MODIFICATION": ConcurrentModificationError,
     "OUTCOME_ALREADY_RECORDED": OutcomeAlreadyRecordedError,
     "OPERATION_NOT_FOUND": OperationNotFoundError,

@@ -39,6 +39,7 @@ from .outcomes import (
     DuplicateIntentSuspected,
     FailedFinal,
     InProgress,
+    LeaseDeadline,
     Outcome,
     ProviderCall,
     ProviderOutcomeUnknown,
@@ -81,10 +82,17 @@ __all__ = [
 class _LeaseRenewer:
     """Renews a lease in the background every third of its length until stopped."""
 
-    def __init__(self, client: JournalClient, lease_token: str, lease_seconds: int) -> None:
+    def __init__(
+        self,
+        client: JournalClient,
+        lease_token: str,
+        lease_seconds: int,
+        deadline: Optional[LeaseDeadline] = None,
+    ) -> None:
         self._client = client
         self._token = lease_token
         self._seconds = lease_seconds
+        self.deadline = deadline if deadline is not None else LeaseDeadline()
         self._stop = threading.Event()
         self.lost = threading.Event()
         self._thread = threading.Thread(
@@ -97,7 +105,9 @@ class _LeaseRenewer:
     def _run(self) -> None:
         while not self._stop.wait(self._seconds / 3):
             try:
-                self._client.renew_lease(self._token, self._seconds)
+                sent_at = time.monotonic()
+                renewed = self._client.renew_lease(self._token, self._seconds)
+                self.deadline.move_to(sent_at + _core.granted_lease_length(renewed))
             except LeaseLostError:
                 LOG.warning("lease lost while the provider call was running")
                 self.lost.set()
@@ -200,12 +210,21 @@ def run_plan(
             return outcome
         answer, failure = None, None
         if isinstance(step, _core.CallProvider):
-            renewer = _LeaseRenewer(client, step.token, step.lease_seconds)
+            renewer = _LeaseRenewer(
+                client, step.token, step.lease_seconds, LeaseDeadline(step.lease_ends_at)
+            )
             if step.renew:
                 renewer.start()
             try:
                 answer = _core.Returned(
-                    call(ProviderCall(step.operation.provider_key, step.operation, renewer.lost))
+                    call(
+                        ProviderCall(
+                            step.operation.provider_key,
+                            step.operation,
+                            renewer.lost,
+                            renewer.deadline,
+                        )
+                    )
                 )
             except BaseException as error:  # noqa: BLE001 - every outcome must be recorded
                 answer = _core.Raised(error)

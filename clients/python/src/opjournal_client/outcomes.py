@@ -3,8 +3,10 @@ provider call are classified. Shared by the sync and the asyncio client."""
 
 from __future__ import annotations
 
+import math
 import re
 import threading
+import time
 import urllib.error
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
@@ -65,6 +67,33 @@ class UnknownOutcome:
 Classifier = Callable[[BaseException], Union[Rejection, UnknownOutcome, None]]
 
 
+class LeaseDeadline:
+    """When the lease of a provider call ends unless it is renewed, on ``time.monotonic()``'s
+    clock: Begin's send time plus the length granted, moved on by each renewal (to when it
+    was sent plus the length granted). No clock sync is needed: both lengths come from the
+    journal's database clock, the instants from this process's monotonic clock."""
+
+    def __init__(self, ends_at: float = math.inf) -> None:
+        self._ends_at = ends_at
+        self._lock = threading.Lock()
+
+    @property
+    def ends_at(self) -> float:
+        """The instant, in ``time.monotonic()`` seconds (``inf`` when unknown)."""
+        with self._lock:
+            return self._ends_at
+
+    def remaining(self) -> float:
+        """Seconds until the lease ends (0 when it has; ``inf`` when unknown): give the
+        provider request a timeout no longer than this."""
+        return max(0.0, self.ends_at - time.monotonic())
+
+    def move_to(self, ends_at: float) -> None:
+        """Moves the end (a renewal)."""
+        with self._lock:
+            self._ends_at = ends_at
+
+
 @dataclass(frozen=True)
 class ProviderCall:
     """What the provider function gets (and what :func:`opjournal_client.current_call`
@@ -78,11 +107,16 @@ class ProviderCall:
             may now call the provider, so a long call should stop as soon as it safely can.
             A ``threading.Event`` in the sync and the asyncio client alike (check it with
             ``is_set()``; the asyncio client sets it from its renewal task).
+        lease_deadline: when the lease ends unless renewed (:class:`LeaseDeadline`). Bound
+            the provider request by ``lease_deadline.remaining()``: the sync client cannot
+            cut a running function short; the asyncio client cancels the call when the
+            lease ends unrenewed (the outcome is then unknown, ``lease_expired``).
     """
 
     provider_key: str
     operation: pb.Operation
     lease_lost: threading.Event
+    lease_deadline: LeaseDeadline = field(default_factory=LeaseDeadline)
 
 
 @dataclass(frozen=True)

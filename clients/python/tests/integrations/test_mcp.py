@@ -8,11 +8,15 @@ over memory streams, the SDK's own dispatcher on both sides, read timeouts and
 
 from __future__ import annotations
 
+import json
 import time
 
 import anyio
 import pytest
 from mcp import Client, MCPError
+from mcp.server.auth.middleware.auth_context import auth_context_var
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult
 
@@ -22,6 +26,7 @@ from opjournal_client.integrations.mcp import (
     _KeyedCallToolParams,
     _KeyedCallToolRequest,
     call_tool_with_key,
+    caller_scope,
     journaled_tool,
 )
 
@@ -235,3 +240,90 @@ async def test_a_key_too_long_for_a_long_tool_name_is_an_invalid_key(journal, pr
     assert too_long.is_error
     assert text_of(too_long) == messages.INVALID_KEY.format(subject="payment")
     assert too_long.meta[OUTCOME_META_KEY] == "invalid_key"
+
+
+def build_shared_server(journal, provider, **options) -> MCPServer:
+    """One server for several users: a fast payment tool."""
+    server = MCPServer("shared-payments")
+
+    @journaled_tool(
+        server, client=journal, action_type="create_payment", subject="payment", **options
+    )
+    def pay_order(order_id: str, amount_minor: int, currency: str) -> dict:
+        return provider.pay(order_id, amount_minor, currency)
+
+    return server
+
+
+def signed_in(subject: str):
+    """What the server's HTTP transport leaves for a request whose bearer token it verified:
+    the access token of ``subject`` in the auth context (one OAuth client, two users)."""
+    token = AccessToken(
+        token=f"token-of-{subject}",
+        client_id="payments-assistant",
+        scopes=["payments"],
+        subject=subject,
+        claims={"iss": "https://id.example.test"},
+    )
+    return auth_context_var.set(AuthenticatedUser(token))
+
+
+async def test_two_users_of_one_server_never_replay_each_others_results(journal, provider):
+    server = build_shared_server(journal, provider)
+    body = {"order_id": "840", "amount_minor": 1200, "currency": "EUR"}
+    paid = {}
+    for user in ("alice", "bob"):
+        # Each user's session is served in the context its transport authenticated.
+        signed = signed_in(user)
+        try:
+            async with Client(server, mode="legacy") as client:
+                first = await call_tool_with_key(client.session, "pay_order", body, "order-840")
+                again = await call_tool_with_key(client.session, "pay_order", body, "order-840")
+        finally:
+            auth_context_var.reset(signed)
+        assert not first.is_error and not again.is_error, (text_of(first), text_of(again))
+        # The user's own second call replays the user's own first result.
+        assert again.structured_content["result"] == first.structured_content["result"]
+        paid[user] = first.structured_content["result"]["id"]
+    assert paid["alice"] != paid["bob"], "bob's call did not replay alice's payment"
+
+    for user in ("alice", "bob"):
+        identity = json.dumps(
+            ["payments-assistant", "https://id.example.test", user],
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+        key = f"mcp:pay_order:{caller_scope(identity)}:order-840"
+        assert provider.effects(key) == {"requests": 1, "effects": 1, "lookups": 0}, user
+    assert provider.effects("mcp:pay_order:order-840")["requests"] == 0
+
+
+async def test_a_servers_own_caller_identity_scopes_the_keys(journal, provider):
+    # A server that knows its users otherwise (here: a header its proxy sets, carried in
+    # the request's _meta for the test) says who calls.
+    def from_meta(ctx: Context) -> str | None:
+        meta = ctx.request_context.meta
+        user = meta.get("user") if isinstance(meta, dict) else getattr(meta, "user", None)
+        if user == "nobody-knows":
+            raise LookupError("the gateway sent no user")
+        return None if user is None else str(user)
+
+    server = build_shared_server(journal, provider, caller_identity=from_meta)
+    body = {"order_id": "841", "amount_minor": 1300, "currency": "EUR"}
+    ids = []
+    async with Client(server, mode="legacy") as client:
+        for user in ("carol", "dave", "carol"):
+            result = await client.session.call_tool(
+                "pay_order", body, meta={"idempotencyKey": "order-841", "user": user}
+            )
+            assert not result.is_error, text_of(result)
+            ids.append(result.structured_content["result"]["id"])
+        # A caller the hook cannot name is refused rather than given a shared key.
+        refused = await client.session.call_tool(
+            "pay_order", body, meta={"idempotencyKey": "order-841", "user": "nobody-knows"}
+        )
+        assert refused.is_error and refused.meta[OUTCOME_META_KEY] == "invalid_key"
+    assert ids[0] == ids[2] != ids[1]
+    for user in ("carol", "dave"):
+        key = f"mcp:pay_order:{caller_scope(user)}:order-841"
+        assert provider.effects(key)["effects"] == 1, user

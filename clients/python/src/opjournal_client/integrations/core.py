@@ -20,6 +20,7 @@ from .. import (
     IdempotencyKeyReusedError,
     InProgress,
     JournalUnavailableError,
+    LeaseExpiredBeforeCallError,
     LeaseLostError,
     Succeeded,
     VerificationRequired,
@@ -178,7 +179,8 @@ def run_journaled(
         outcome = journaled()
     except IdempotencyKeyReusedError as error:
         raise tool_error("conflict", subject=subject) from error
-    except JournalUnavailableError as error:
+    except (JournalUnavailableError, LeaseExpiredBeforeCallError) as error:
+        # Nothing was called or recorded by this call: calling again is safe.
         raise tool_error("journal_unavailable", subject=subject) from error
     except LeaseLostError as error:
         raise tool_error("lease_lost", subject=subject) from error

@@ -16,12 +16,25 @@ Where the key comes from, first match wins:
    proposal (SEP-3182) shapes it, or ``params._meta.idempotencyKey``. ``mcp`` 2.x parses
    ``tools/call`` params into a model that drops unknown members, but the raw params stay
    on the request context, where this module reads both places. The key must be 1-128
-   characters of ``[A-Za-z0-9._:-]`` and is namespaced by the tool's name:
-   ``mcp:{tool}:{key}``. Both places with different keys: refused (``invalid_key``);
+   characters of ``[A-Za-z0-9._:-]`` and is namespaced by the tool's name and by who
+   calls: ``mcp:{tool}:{key}``, or ``mcp:{tool}:u-{scope}:{key}`` when the caller's
+   identity is known (``caller_identity``, below), so that two users of one server who
+   send the same key never replay each other's results. Both places with different keys:
+   refused (``invalid_key``);
 2. ``key(arguments, ctx)``, the server's own function of the validated arguments and the
    request :class:`~mcp.server.mcpserver.Context` (e.g. an order id, or a session-bound
    intent id); its key is used as it is;
 3. neither: the call is refused with the ``key_required`` text.
+
+The caller's identity comes from ``caller_identity(ctx)``: by default
+:func:`authenticated_caller`, the principal of the OAuth access token the server's HTTP
+transport verified (client id, issuer and subject, as the SDK's session binding names it);
+``None`` when the transport authenticated nobody (stdio: one user per server process). A
+server that knows its users otherwise (a header, a session it issued) passes its own
+function. The identity is never put in the key as it is: ``{scope}`` is the first 96 bits
+of its SHA-256 in hex (:func:`caller_scope`), so keys stay free of e-mail addresses and
+names. A key from ``key(arguments, ctx)`` is the server's own and is used as it is: scope it
+by the user there.
 
 A retried call gets the stored result; the other outcomes come back as tool errors
 (``isError: true``) whose text is one of :mod:`~opjournal_client.integrations.messages`,
@@ -36,7 +49,9 @@ it instead of an unknown.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import json
 import typing
 from typing import Any, Callable, Mapping, Optional, TypeVar, cast
 
@@ -44,6 +59,7 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 from mcp.client.session import ClientSession
+from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import (
     CallToolRequest,
@@ -70,6 +86,34 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: The server's key for a call without a client key: a function of the validated arguments
 #: (JSON values) and the request context.
 KeyFunction = Callable[[Mapping[str, Any], Context], str]
+
+
+#: Who calls a tool, for the key scope: a function of the request context answering an
+#: identity (any string that names one user), or ``None`` when nobody is known.
+CallerIdentity = Callable[[Context], Optional[str]]
+
+
+def authenticated_caller(ctx: Context) -> Optional[str]:
+    """The principal of the access token the server's HTTP transport verified for this
+    request (``mcp.server.auth``): its client id, issuer (claim ``iss``) and subject, as
+    JSON; ``None`` without one (stdio, or a server without auth). The default
+    ``caller_identity`` of :func:`journaled_tool`, and the same text as the TypeScript
+    integration's ``authenticatedCaller``."""
+    token = get_access_token()
+    if token is None:
+        return None
+    issuer = (token.claims or {}).get("iss")
+    return json.dumps(
+        [token.client_id, None if issuer is None else str(issuer), token.subject],
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def caller_scope(identity: str) -> str:
+    """The part of the key that stands for ``identity``: ``u-`` and the first 96 bits of
+    its SHA-256 in hex (26 characters)."""
+    return "u-" + hashlib.sha256(identity.encode()).hexdigest()[:24]
 
 
 class TwoKeysError(ValueError):
@@ -120,6 +164,7 @@ def journaled_tool(
     action_type: str,
     key: Optional[KeyFunction] = None,
     accept_client_key: bool = True,
+    caller_identity: Optional[CallerIdentity] = authenticated_caller,
     payload: PayloadSpec = None,
     namespace: str = "",
     subject: str = "operation",
@@ -139,6 +184,11 @@ def journaled_tool(
             validated arguments (JSON values) and the request context. ``None``: the
             client's key is required.
         accept_client_key: read the client's ``idempotencyKey`` (see the module doc).
+        caller_identity: who calls, for the scope of a client's key: a function of the
+            request context answering a string that names one user, or ``None`` when
+            nobody is known; by default :func:`authenticated_caller` (the verified access
+            token's principal). ``None`` here: keys are scoped by the tool only (one user
+            per server). A function that raises refuses the call (``invalid_key``).
         payload: which arguments are hashed: all (``None``), a list of names, or a
             function of the arguments.
         namespace: the journal namespace (empty: ``default``).
@@ -181,7 +231,15 @@ def journaled_tool(
             except TwoKeysError:
                 raise tool_error("invalid_key", subject=subject) from None
             if sent is not None:
-                return namespaced_client_key(f"mcp:{tool_name}", sent, subject=subject)
+                scope = f"mcp:{tool_name}"
+                if caller_identity is not None:
+                    try:
+                        identity = caller_identity(ctx)
+                    except Exception:  # noqa: BLE001 - an unknown caller must not share keys
+                        raise tool_error("invalid_key", subject=subject) from None
+                    if identity is not None:
+                        scope = f"{scope}:{caller_scope(identity)}"
+                return namespaced_client_key(scope, sent, subject=subject)
             if key is not None:
                 return key(arguments, ctx)
             raise tool_error("key_required", subject=subject)

@@ -232,7 +232,13 @@ export type BeginOperationRequest = Message<"opjournal.v1.BeginOperationRequest"
    * caller still gets DECISION_IN_PROGRESS, and so does nobody once that lease has ended.
    * Empty: no attempt id (a repeated Begin meets its own lease as another caller's). Not
    * part of the request hash; never returned; the journal keeps only its SHA-256 while the
-   * lease is current. Malformed: INVALID_ARGUMENT/INVALID_ATTEMPT_ID.
+   * lease is current. It must look random: an id whose estimated entropy is under 64 bits
+   * (the smaller of its length times the Shannon entropy of its character frequencies, and
+   * the steps between successive characters times the Shannon entropy of those steps) is
+   * refused, so sixteen zeros, an all-zero UUID or "0123456789abcdef..." never name a lease;
+   * a random UUID v4 or 32 random hex digits always pass. Malformed or not random:
+   * INVALID_ARGUMENT/INVALID_ATTEMPT_ID, with a BadRequest field violation on attempt_id
+   * saying which.
    *
    * @generated from field: string attempt_id = 8;
    */
