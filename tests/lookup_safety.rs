@@ -501,3 +501,86 @@ async fn a_by_id_routes_not_found_for_a_by_reference_key_never_releases(pool: Pg
         "{error}"
     );
 }
+
+/// A test server's answer naming the key of the lookup at `key_pointer`'s member
+/// `idempotency_key`: a provider's own "not found".
+fn not_found_naming(key: impl Into<serde_json::Value>) -> Response {
+    let body = serde_json::json!({"error": "not_found", "idempotency_key": key.into()});
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+}
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_proxy_named_by_the_environment_never_sees_a_lookup(pool: PgPool) {
+    // A proxy from HTTP_PROXY/ALL_PROXY answers every request with a "not found" naming the
+    // key it sees in the URL: believed, it would release the payment.
+    let proxy_seen = Seen::default();
+    let proxy = recording_server(proxy_seen.clone(), |uri| {
+        not_found_naming(last_segment(uri))
+    })
+    .await;
+    let app = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        |sandbox| {
+            payments_policy(&format!(
+                "{sandbox}/v1/payments/by-idempotency-key/{{provider_key}}"
+            ))
+        },
+        None,
+    )
+    .await;
+    let provider_key = lost_payment(&app, "", PAYMENT_KEY, "create_payment").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(&file, &app.policy_yaml).unwrap();
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal-reconciler"));
+    for name in ["NO_PROXY", "no_proxy", "REQUEST_METHOD"] {
+        command.env_remove(name);
+    }
+    for name in [
+        "HTTP_PROXY",
+        "http_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ] {
+        command.env(name, &proxy);
+    }
+    let output = command
+        .args([
+            "--once",
+            "--health-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--database-url")
+        .arg(app.database_url())
+        .arg("--policy")
+        .arg(&file)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), output)
+        .await
+        .expect("the reconciler ran once")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("looked_up=1 settled=1 released=0"),
+        "{stdout}"
+    );
+    assert!(
+        proxy_seen.requests().is_empty(),
+        "{:?}",
+        proxy_seen.requests()
+    );
+    let op = app.get(PAYMENT_KEY).await;
+    assert_eq!(op_status(&op), OperationStatus::Succeeded);
+    let counts = app.counts(&provider_key);
+    assert_eq!((counts.effects, counts.lookups), (1, 1));
+}

@@ -129,10 +129,11 @@ const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
 /// A JSON-over-HTTP lookup by the key the provider was called with.
 ///
-/// It asks the configured origin only: redirects are never followed (a 3xx answer is a
-/// failed lookup, `redirect_<status>`), no `Referer` is sent, and a URL whose origin differs
-/// from the template's is never requested, so the headers (credentials) reach that origin
-/// only.
+/// It asks the configured origin only, directly: redirects are never followed (a 3xx answer
+/// is a failed lookup, `redirect_<status>`), no `Referer` is sent, proxies named by the
+/// environment (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`) are not used, and a URL whose
+/// origin differs from the template's is never requested, so the headers (credentials)
+/// reach that origin only.
 pub struct HttpAdapter {
     config: HttpAdapterConfig,
     client: reqwest::Client,
@@ -173,6 +174,10 @@ impl HttpAdapter {
             .timeout(Duration::from_secs_f64(config.timeout_seconds))
             .redirect(reqwest::redirect::Policy::none())
             .referer(false)
+            // HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are not obeyed: a proxy would get the
+            // headers (over http://, the credentials in clear) and could answer for the
+            // provider.
+            .no_proxy()
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Self {
