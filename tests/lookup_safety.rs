@@ -508,6 +508,36 @@ fn not_found_naming(key: impl Into<serde_json::Value>) -> Response {
     let body = serde_json::json!({"error": "not_found", "idempotency_key": key.into()});
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
+#[tokio::test]
+async fn an_answer_that_says_the_request_was_not_served_can_never_mean_absent() {
+    // An auth failure, a proxy's auth failure, a timeout or a rate limit says nothing about
+    // the key (a store that hides what the caller may not list answers 403 for a missing and
+    // an existing object alike); only "no such object" may.
+    for status in [401, 403, 407, 408, 429] {
+        let yaml =
+            payments_policy("http://127.0.0.1:9/v1/payments/by-idempotency-key/{provider_key}")
+                .replace(
+                    "    timeout_seconds: 2\n",
+                    &format!("    timeout_seconds: 2\n    absent_statuses: [404, {status}]\n"),
+                );
+        let error = Policy::parse(&yaml, "policy.yaml").unwrap_err().to_string();
+        assert!(
+            error.contains(&format!(
+                "adapters.payments.absent_statuses: {status} cannot mean \"not found\""
+            )),
+            "{status}: {error}"
+        );
+    }
+    for status in [404, 410] {
+        let yaml =
+            payments_policy("http://127.0.0.1:9/v1/payments/by-idempotency-key/{provider_key}")
+                .replace(
+                    "    timeout_seconds: 2\n",
+                    &format!("    timeout_seconds: 2\n    absent_statuses: [{status}]\n"),
+                );
+        Policy::parse(&yaml, "policy.yaml").unwrap();
+    }
+}
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_proxy_named_by_the_environment_never_sees_a_lookup(pool: PgPool) {
     // A proxy from HTTP_PROXY/ALL_PROXY answers every request with a "not found" naming the

@@ -850,6 +850,16 @@ impl Policy {
 /// Largest `result.max_bytes`, in bytes.
 pub const MAX_RESULT_MAX_BYTES: usize = 1_048_576;
 
+/// 4xx statuses that say the request was not served, so never "not found", whatever the
+/// body: 401, 403 and 407 (credentials refused, by the provider or a proxy; a store that
+/// hides what the caller may not list answers 403 for a missing and an existing object
+/// alike), 405 (a wrong method or route), 408 (a timeout), 413, 414 and 431 (a request,
+/// URL or headers too large: an over-long key), 421 (misdirected), 425 and 429 (too early,
+/// too many), 426 (upgrade required), 451 (withheld).
+pub const NOT_SERVED_STATUSES: &[u16] = &[
+    401, 403, 405, 407, 408, 413, 414, 421, 425, 426, 429, 431, 451,
+];
+
 /// The variables an http adapter's `url` may contain: the provider key only.
 pub const URL_VARIABLES: &[&str] = &["provider_key"];
 
@@ -872,6 +882,20 @@ pub fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, Stri
             format!(
                 "{status} cannot mean \"not found\": only 4xx answers may (a redirect, a \
                  success or a server error never proves absence)"
+            ),
+        ));
+    }
+    if let Some(status) = http
+        .absent_statuses
+        .iter()
+        .find(|s| NOT_SERVED_STATUSES.contains(*s))
+    {
+        return Err((
+            "absent_statuses",
+            format!(
+                "{status} cannot mean \"not found\": it says the request was not served (refused \
+                 credentials, a proxy's or a gateway's refusal, a rate limit, a timeout, a wrong \
+                 method or an over-long key), whether the object exists or not"
             ),
         ));
     }
