@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use axum::Router;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use common::*;
+use futures::StreamExt as _;
 use opjournal::domain::policy::Policy;
 use opjournal::proto::{Decision, OperationStatus};
 use opjournal::reconcile::worker::{Worker, WorkerConfig};
@@ -502,6 +504,17 @@ async fn a_by_id_routes_not_found_for_a_by_reference_key_never_releases(pool: Pg
     );
 }
 
+/// Begins an operation in `namespace` and reports its outcome unknown without calling any
+/// provider (the lookups of these tests go to a test server). Returns the provider key.
+async fn lost_begin(app: &TestApp, namespace: &str, key: &str) -> String {
+    let begin = app
+        .begin_in(namespace, key, "create_payment", PAY_817, 0)
+        .await
+        .unwrap();
+    assert_eq!(decision(&begin), Decision::Execute, "{key}");
+    app.report_unknown(&begin.lease_token).await;
+    begin.operation.unwrap().provider_key
+}
 /// A test server's answer naming the key of the lookup at `key_pointer`'s member
 /// `idempotency_key`: a provider's own "not found".
 fn not_found_naming(key: impl Into<serde_json::Value>) -> Response {
@@ -537,6 +550,108 @@ async fn an_answer_that_says_the_request_was_not_served_can_never_mean_absent() 
                 );
         Policy::parse(&yaml, "policy.yaml").unwrap();
     }
+}
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn an_endless_answer_is_cut_off_at_the_size_limit(pool: PgPool) {
+    // The lookup's origin streams a body without end, without Content-Length: a "not found"
+    // naming the key and a found object, each padded forever.
+    let sent = Arc::new(AtomicU64::new(0));
+    let counter = sent.clone();
+    let origin = recording_server(Seen::default(), move |uri| {
+        let key = last_segment(uri);
+        let status = if key.contains("found") {
+            StatusCode::OK
+        } else {
+            StatusCode::NOT_FOUND
+        };
+        let head = format!(
+            r#"{{"error":"not_found","status":"succeeded","idempotency_key":"{key}","pad":""#
+        );
+        let counter = counter.clone();
+        let chunks = futures::stream::iter([bytes::Bytes::from(head)])
+            .chain(futures::stream::repeat(bytes::Bytes::from(vec![
+                b'a';
+                64 * 1024
+            ])))
+            .map(move |chunk| {
+                counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                Ok::<_, std::io::Error>(chunk)
+            });
+        (status, axum::body::Body::from_stream(chunks)).into_response()
+    })
+    .await;
+    let url = format!("{origin}/v1/payments/by-idempotency-key/{{provider_key}}");
+    let app = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        move |_| payments_policy(&url),
+        None,
+    )
+    .await;
+    for key in ["payment:absent", "payment:found"] {
+        lost_begin(&app, "", key).await;
+    }
+    let stats = tokio::time::timeout(Duration::from_secs(30), app.worker("worker-a").tick())
+        .await
+        .expect("the lookups ended")
+        .unwrap();
+    assert_eq!(
+        (stats.looked_up, stats.released, stats.settled),
+        (2, 0, 0),
+        "{stats:?}"
+    );
+    for key in ["payment:absent", "payment:found"] {
+        assert_eq!(op_status(&app.get(key).await), OperationStatus::Unknown);
+        assert_eq!(
+            last_reason(&app, "", key).await,
+            "lookup_failed:response_too_large",
+            "{key}"
+        );
+    }
+    // Each lookup stopped reading soon after 1 MiB (socket buffers aside).
+    let sent = sent.load(Ordering::Relaxed);
+    assert!(sent < 32 * 1024 * 1024, "{sent} bytes were sent");
+}
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_trickling_answer_is_cut_off_by_the_lookup_timeout(pool: PgPool) {
+    // Headers at once, then one byte of a matching "not found" every 200 ms, forever.
+    let origin = recording_server(Seen::default(), move |uri| {
+        let key = last_segment(uri);
+        let text = format!(r#"{{"error":"not_found","idempotency_key":"{key}"}}"#).repeat(1000);
+        let bytes: Vec<bytes::Bytes> = text
+            .into_bytes()
+            .into_iter()
+            .map(|b| bytes::Bytes::from(vec![b]))
+            .collect();
+        let chunks = futures::stream::iter(bytes).then(|chunk| async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok::<_, std::io::Error>(chunk)
+        });
+        (StatusCode::NOT_FOUND, axum::body::Body::from_stream(chunks)).into_response()
+    })
+    .await;
+    let url = format!("{origin}/v1/payments/by-idempotency-key/{{provider_key}}");
+    let app = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        move |_| payments_policy(&url),
+        None,
+    )
+    .await;
+    lost_begin(&app, "", PAYMENT_KEY).await;
+    let stats = tokio::time::timeout(Duration::from_secs(30), app.worker("worker-a").tick())
+        .await
+        .expect("the lookup ended")
+        .unwrap();
+    assert_eq!((stats.looked_up, stats.released), (1, 0), "{stats:?}");
+    assert_eq!(
+        op_status(&app.get(PAYMENT_KEY).await),
+        OperationStatus::Unknown
+    );
+    assert_eq!(
+        last_reason(&app, "", PAYMENT_KEY).await,
+        "lookup_failed:timeout"
+    );
 }
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_proxy_named_by_the_environment_never_sees_a_lookup(pool: PgPool) {

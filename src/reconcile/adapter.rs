@@ -241,19 +241,32 @@ impl HttpAdapter {
     }
 }
 
-/// Reads a JSON answer of at most [`MAX_RESPONSE_BYTES`]; `None` for anything else.
-async fn read_json(response: reqwest::Response) -> Option<Value> {
+/// Reads a JSON answer of at most [`MAX_RESPONSE_BYTES`], chunk by chunk, stopping as soon
+/// as it is longer (an answer without `Content-Length` can be endless). The error is the
+/// failed lookup's code: `response_too_large`, `timeout` (the body did not arrive within
+/// `timeout_seconds`), `response_read_failed` or `response_not_json`.
+async fn read_json(mut response: reqwest::Response) -> Result<Value, &'static str> {
     if response
         .content_length()
         .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
     {
-        return None;
+        return Err("response_too_large");
     }
-    let bytes = response.bytes().await.ok()?;
-    if bytes.len() > MAX_RESPONSE_BYTES {
-        return None;
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                    return Err("response_too_large");
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => break,
+            Err(error) if error.is_timeout() => return Err("timeout"),
+            Err(_) => return Err("response_read_failed"),
+        }
     }
-    serde_json::from_slice(&bytes).ok()
+    serde_json::from_slice(&body).map_err(|_| "response_not_json")
 }
 
 fn sanitize_code(value: &str) -> String {
@@ -304,7 +317,14 @@ impl ProviderAdapter for HttpAdapter {
         }
         if self.config.absent_statuses.contains(&status) {
             if let Some(expected) = &self.config.absent_match {
-                let body = read_json(response).await;
+                let body = match read_json(response).await {
+                    Ok(body) => Some(body),
+                    // An answer cut off or too large is no answer: never a "not found".
+                    Err(code @ ("timeout" | "response_too_large" | "response_read_failed")) => {
+                        return Observation::LookupFailed { code: code.into() };
+                    }
+                    Err(_) => None,
+                };
                 let matched = body
                     .as_ref()
                     .and_then(|b| b.pointer(&expected.pointer))
@@ -339,10 +359,8 @@ impl ProviderAdapter for HttpAdapter {
             };
         }
         match read_json(response).await {
-            Some(body) => self.read_found(&body),
-            None => Observation::LookupFailed {
-                code: "response_not_json".into(),
-            },
+            Ok(body) => self.read_found(&body),
+            Err(code) => Observation::LookupFailed { code: code.into() },
         }
     }
 }
