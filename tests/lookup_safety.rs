@@ -729,3 +729,60 @@ async fn a_proxy_named_by_the_environment_never_sees_a_lookup(pool: PgPool) {
     let counts = app.counts(&provider_key);
     assert_eq!((counts.effects, counts.lookups), (1, 1));
 }
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_found_object_about_another_key_settles_nothing(pool: PgPool) {
+    // A wrong route (a list that ignores an unknown filter, a "latest" route) answers another
+    // payment's object, succeeded or failed.
+    let origin = recording_server(Seen::default(), |uri| {
+        let key = last_segment(uri);
+        let status = if key.ends_with("failed") {
+            "failed"
+        } else {
+            "succeeded"
+        };
+        let body = serde_json::json!({
+            "id": "pay_someone_else", "status": status, "idempotency_key": "payment:other",
+        });
+        (StatusCode::OK, axum::Json(body)).into_response()
+    })
+    .await;
+    let url = format!("{origin}/v1/payments?idempotency_key={{provider_key}}");
+    let app = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        move |_| {
+            payments_policy(&url).replace(
+                "external_id_pointer: /id }",
+                "external_id_pointer: /id, failed_values: [failed], key_pointer: /idempotency_key }",
+            )
+        },
+        None,
+    )
+    .await;
+    for key in ["payment:succeeded", "payment:failed"] {
+        lost_begin(&app, "", key).await;
+    }
+    let stats = app.worker("worker-a").tick().await.unwrap();
+    assert_eq!((stats.looked_up, stats.settled), (2, 0), "{stats:?}");
+    for key in ["payment:succeeded", "payment:failed"] {
+        let op = app.get(key).await;
+        assert_eq!(op_status(&op), OperationStatus::Unknown, "{key}");
+        assert!(op.external_id.is_none(), "{key}");
+        assert_eq!(
+            last_reason(&app, "", key).await,
+            "lookup_failed:found_another_key"
+        );
+    }
+    // Without the rule, a policy is warned about.
+    let (_, warnings) = Policy::parse_with_warnings(
+        &payments_policy("http://127.0.0.1:9/v1/payments/by-idempotency-key/{provider_key}"),
+        "policy.yaml",
+    )
+    .unwrap();
+    assert!(
+        warnings
+            .to_string()
+            .contains("adapters.payments.response.key_pointer: is not set"),
+        "{warnings}"
+    );
+}

@@ -520,6 +520,13 @@ pub struct ResponseMapping {
     /// Status values meaning the operation failed definitively (no effect).
     #[serde(default)]
     pub failed_values: Vec<String>,
+    /// Where the found object names the key it is about (e.g. `/idempotency_key`): the
+    /// string there must equal the provider key looked up, or the answer settles nothing (a
+    /// failed lookup, `found_another_key`), so that another object's status (a wrong route,
+    /// a list that ignores its filter) never reads as this operation's outcome. Not set: a
+    /// warning.
+    #[serde(default)]
+    pub key_pointer: Option<String>,
     /// Where the provider's id of the effect is.
     #[serde(default)]
     pub external_id_pointer: Option<String>,
@@ -756,6 +763,19 @@ impl Policy {
                         .to_owned(),
                 ));
             }
+            if let AdapterConfig::Http(http) = adapter
+                && http.response.key_pointer.is_none()
+            {
+                warnings.push((
+                    ["adapters", name.as_str(), "response", "key_pointer"]
+                        .map(str::to_owned)
+                        .to_vec(),
+                    "is not set, so a found object is taken for this operation's outcome \
+                     whichever key it is about (a wrong route's or another object's status \
+                     settles the operation); set it to where the object names the key"
+                        .to_owned(),
+                ));
+            }
         }
         warnings
     }
@@ -941,6 +961,7 @@ pub fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, Stri
                 .iter()
                 .filter_map(|m| m.key_pointer.as_ref()),
         )
+        .chain(http.response.key_pointer.iter())
         .chain(http.response.external_id_pointer.iter());
     for pointer in pointers {
         if !pointer.starts_with('/') {
@@ -1091,6 +1112,7 @@ adapters:
     response:
       status_pointer: /status
       succeeded_values: [succeeded]
+      key_pointer: /idempotency_key
       external_id_pointer: /id
       keep_fields: [/id, /status]
 "#;

@@ -201,7 +201,7 @@ impl HttpAdapter {
         (url.origin() == self.origin.origin()).then_some(url)
     }
 
-    fn read_found(&self, body: &Value) -> Observation {
+    fn read_found(&self, body: &Value, provider_key: &str) -> Observation {
         // `null`, a bare string or a list is no object the provider found.
         if !body.is_object() {
             return Observation::LookupFailed {
@@ -209,6 +209,17 @@ impl HttpAdapter {
             };
         }
         let mapping = &self.config.response;
+        // Another object's status is not this operation's outcome.
+        let about_key = mapping.key_pointer.as_ref().is_none_or(|pointer| {
+            body.pointer(pointer)
+                .and_then(Value::as_str)
+                .is_some_and(|named| named == provider_key)
+        });
+        if !about_key {
+            return Observation::LookupFailed {
+                code: "found_another_key".into(),
+            };
+        }
         let text_at = |pointer: &Option<String>| {
             pointer
                 .as_deref()
@@ -359,7 +370,7 @@ impl ProviderAdapter for HttpAdapter {
             };
         }
         match read_json(response).await {
-            Ok(body) => self.read_found(&body),
+            Ok(body) => self.read_found(&body, &request.provider_key),
             Err(code) => Observation::LookupFailed { code: code.into() },
         }
     }
