@@ -786,3 +786,78 @@ async fn a_found_object_about_another_key_settles_nothing(pool: PgPool) {
         "{warnings}"
     );
 }
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn an_operation_recorded_before_kinds_were_kept_is_never_released_by_a_later_lookup(
+    pool: PgPool,
+) {
+    // E-mails the provider's search does not show yet: a lookup reads "not found".
+    let config = SandboxConfig {
+        lookup_lag: Duration::from_secs(3600),
+        ..SandboxConfig::default()
+    };
+    let app = TestApp::spawn_with(pool, config, 0).await;
+    let mut references = Vec::new();
+    for key in ["email:legacy:1", "email:legacy:2"] {
+        let begin = app
+            .begin(key, "send_email", r#"{"case":"1"}"#)
+            .await
+            .unwrap();
+        assert_eq!(decision(&begin), Decision::Execute);
+        let reference = begin.operation.as_ref().unwrap().provider_key.clone();
+        assert_eq!(
+            app.send_email(&reference, Some("commit-then-timeout"))
+                .await,
+            None
+        );
+        app.report_unknown(&begin.lease_token).await;
+        references.push(reference);
+    }
+    // Recorded the way the journal recorded entries before it kept adapter kinds.
+    let updated = sqlx::query(
+        "UPDATE agent_operations SET action_policy = action_policy #- '{reconcile,adapter_kind}', \
+         review_required_at = NULL, review_reason = NULL, next_check_at = now() \
+         WHERE action_type = 'send_email'",
+    )
+    .execute(app.pool())
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(updated, 2);
+    app.clock.advance(Duration::from_secs(3600));
+
+    // A later file redefines the recorded `kind: none` adapter, same name, as a complete
+    // lookup.
+    let yaml = format!(
+        r#"
+actions:
+  send_email:
+    reconcile:
+      adapter: email_no_lookup
+      first_check_after_seconds: 0
+      absence_grace_seconds: 0
+adapters:
+  email_no_lookup:
+    kind: http
+    url: "{}/v1/emails/by-reference/{{provider_key}}"
+    search_complete: true
+    absent_match: {{ pointer: /error, values: [not_found], key_pointer: /external_reference }}
+    response: {{ status_pointer: /status, succeeded_values: [sent] }}
+"#,
+        app.sandbox_url
+    );
+    let stats = worker_under(&app, &yaml).tick().await.unwrap();
+    assert_eq!(stats.released, 0, "{stats:?}");
+    for (key, reference) in ["email:legacy:1", "email:legacy:2"]
+        .into_iter()
+        .zip(&references)
+    {
+        let op = app.get(key).await;
+        assert_eq!(op_status(&op), OperationStatus::Unknown, "{key}");
+        let again = app
+            .begin(key, "send_email", r#"{"case":"1"}"#)
+            .await
+            .unwrap();
+        assert_eq!(decision(&again), Decision::VerificationRequired);
+        assert_eq!(app.counts(reference).effects, 1, "{reference}");
+    }
+}
