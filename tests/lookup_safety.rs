@@ -515,12 +515,14 @@ async fn lost_begin(app: &TestApp, namespace: &str, key: &str) -> String {
     app.report_unknown(&begin.lease_token).await;
     begin.operation.unwrap().provider_key
 }
+
 /// A test server's answer naming the key of the lookup at `key_pointer`'s member
 /// `idempotency_key`: a provider's own "not found".
 fn not_found_naming(key: impl Into<serde_json::Value>) -> Response {
     let body = serde_json::json!({"error": "not_found", "idempotency_key": key.into()});
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
+
 #[tokio::test]
 async fn an_answer_that_says_the_request_was_not_served_can_never_mean_absent() {
     // An auth failure, a proxy's auth failure, a timeout or a rate limit says nothing about
@@ -551,6 +553,7 @@ async fn an_answer_that_says_the_request_was_not_served_can_never_mean_absent() 
         Policy::parse(&yaml, "policy.yaml").unwrap();
     }
 }
+
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn an_endless_answer_is_cut_off_at_the_size_limit(pool: PgPool) {
     // The lookup's origin streams a body without end, without Content-Length: a "not found"
@@ -612,6 +615,7 @@ async fn an_endless_answer_is_cut_off_at_the_size_limit(pool: PgPool) {
     let sent = sent.load(Ordering::Relaxed);
     assert!(sent < 32 * 1024 * 1024, "{sent} bytes were sent");
 }
+
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_trickling_answer_is_cut_off_by_the_lookup_timeout(pool: PgPool) {
     // Headers at once, then one byte of a matching "not found" every 200 ms, forever.
@@ -653,6 +657,7 @@ async fn a_trickling_answer_is_cut_off_by_the_lookup_timeout(pool: PgPool) {
         "lookup_failed:timeout"
     );
 }
+
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_proxy_named_by_the_environment_never_sees_a_lookup(pool: PgPool) {
     // A proxy from HTTP_PROXY/ALL_PROXY answers every request with a "not found" naming the
@@ -729,6 +734,197 @@ async fn a_proxy_named_by_the_environment_never_sees_a_lookup(pool: PgPool) {
     let counts = app.counts(&provider_key);
     assert_eq!((counts.effects, counts.lookups), (1, 1));
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn answers_that_do_not_name_the_key_exactly_prove_nothing(pool: PgPool) {
+    // Each key makes the lookup's origin answer one way; none of them is the provider's own
+    // "no such object" about that key.
+    let origin = recording_server(Seen::default(), |uri| {
+        let key = last_segment(uri);
+        let html = |status| {
+            (
+                status,
+                [("content-type", "text/html")],
+                "<html><form action=/login>Sign in</form></html>",
+            )
+                .into_response()
+        };
+        let json = |status, body: serde_json::Value| (status, axum::Json(body)).into_response();
+        match key.rsplit(':').next().unwrap() {
+            "upper" => not_found_naming(key.to_uppercase()),
+            "space" => not_found_naming(format!(" {key} ")),
+            "prefix" => not_found_naming(key[..key.len() - 1].to_owned()),
+            "12345" => not_found_naming(12345),
+            "array" => not_found_naming(serde_json::json!([key])),
+            "field" => json(
+                StatusCode::NOT_FOUND,
+                serde_json::json!({"error": "not_found", "key": key}),
+            ),
+            "nested" => json(
+                StatusCode::NOT_FOUND,
+                serde_json::json!({"error": "not_found", "data": {"idempotency_key": key}}),
+            ),
+            "value-case" => json(
+                StatusCode::NOT_FOUND,
+                serde_json::json!({"error": "NOT_FOUND", "idempotency_key": key}),
+            ),
+            "html-404" => html(StatusCode::NOT_FOUND),
+            "login" => html(StatusCode::OK),
+            "empty" => StatusCode::OK.into_response(),
+            "no-content" => StatusCode::NO_CONTENT.into_response(),
+            "null" => json(StatusCode::OK, serde_json::Value::Null),
+            "list" => json(StatusCode::OK, serde_json::json!([{"status": "succeeded"}])),
+            "gone-elsewhere" => json(
+                StatusCode::GONE,
+                serde_json::json!({"error": "not_found", "idempotency_key": key}),
+            ),
+            status @ ("301" | "303" | "307" | "308") => (
+                StatusCode::from_u16(status.parse().unwrap()).unwrap(),
+                [("location", uri.path().to_owned())],
+            )
+                .into_response(),
+            other => panic!("no answer for {other}"),
+        }
+    })
+    .await;
+    let url = format!("{origin}/v1/payments/by-idempotency-key/{{provider_key}}");
+    let app = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        move |_| payments_policy(&url),
+        None,
+    )
+    .await;
+    let cases = [
+        ("upper", "absent_404_for_another_key"),
+        ("space", "absent_404_for_another_key"),
+        ("prefix", "absent_404_for_another_key"),
+        ("12345", "absent_404_for_another_key"),
+        ("array", "absent_404_for_another_key"),
+        ("field", "absent_404_for_another_key"),
+        ("nested", "absent_404_for_another_key"),
+        ("value-case", "unexpected_404"),
+        ("html-404", "unexpected_404"),
+        ("login", "response_not_json"),
+        ("empty", "response_not_json"),
+        ("no-content", "response_not_json"),
+        ("null", "response_not_object"),
+        ("list", "response_not_object"),
+        ("gone-elsewhere", "http_410"),
+        ("301", "redirect_301"),
+        ("303", "redirect_303"),
+        ("307", "redirect_307"),
+        ("308", "redirect_308"),
+    ];
+    for (case, _) in cases {
+        lost_begin(&app, "", &format!("payment:{case}")).await;
+    }
+    let stats = app.worker("worker-a").tick().await.unwrap();
+    assert_eq!(
+        (stats.looked_up, stats.released, stats.settled),
+        (cases.len() as u64, 0, 0),
+        "{stats:?}"
+    );
+    for (case, reason) in cases {
+        let key = format!("payment:{case}");
+        assert_eq!(
+            op_status(&app.get(&key).await),
+            OperationStatus::Unknown,
+            "{key}"
+        );
+        assert_eq!(
+            last_reason(&app, "", &key).await,
+            format!("lookup_failed:{reason}")
+        );
+        let again = app.begin(&key, "create_payment", PAY_817).await.unwrap();
+        assert_eq!(decision(&again), Decision::VerificationRequired, "{key}");
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_key_of_any_characters_is_asked_about_whole_at_the_configured_path(pool: PgPool) {
+    // The origin answers a found payment only for a request at the configured path prefix,
+    // with exactly one more segment and no query; anything else is a 400.
+    let seen = Seen::default();
+    let origin = recording_server(seen.clone(), |uri| {
+        let rest = uri.path().strip_prefix("/v1/payments/by-idempotency-key/");
+        match rest {
+            Some(segment) if !segment.contains('/') && uri.query().is_none() => {
+                let body = serde_json::json!({
+                    "id": "pay_1", "status": "succeeded", "idempotency_key": last_segment(uri),
+                });
+                (StatusCode::OK, axum::Json(body)).into_response()
+            }
+            _ => StatusCode::BAD_REQUEST.into_response(),
+        }
+    })
+    .await;
+    let url = format!("{origin}/v1/payments/by-idempotency-key/{{provider_key}}");
+    let app = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        move |_| payments_policy(&url),
+        None,
+    )
+    .await;
+    let long = "k".repeat(200);
+    let keys = [
+        ("", "../../admin"),
+        ("", "a/../b"),
+        ("", "%2e%2e"),
+        ("", "%2e%2e%2fadmin"),
+        ("", "..%2F..%2Fadmin"),
+        ("", "a?x=1&y=2"),
+        ("", "a#frag"),
+        ("", "@evil.example:443"),
+        ("", "a\\..\\b"),
+        ("", "ключ/é/😀"),
+        ("", "a b+c"),
+        ("", "..."),
+        ("", long.as_str()),
+        ("t1", ".."),
+        ("t1", "http://evil.example/x"),
+    ];
+    let mut provider_keys = Vec::new();
+    for (namespace, key) in keys {
+        provider_keys.push(lost_begin(&app, namespace, key).await);
+    }
+    // "." and ".." alone would be dot segments: never requested.
+    for key in [".", ".."] {
+        lost_begin(&app, "", key).await;
+    }
+    let stats = app.worker("worker-a").tick().await.unwrap();
+    assert_eq!(
+        (stats.looked_up, stats.settled, stats.released),
+        (keys.len() as u64 + 2, keys.len() as u64, 0),
+        "{stats:?}"
+    );
+    for (namespace, key) in keys {
+        let op = operation(&app, namespace, key).await;
+        assert_eq!(op_status(&op), OperationStatus::Succeeded, "{key}");
+    }
+    for key in [".", ".."] {
+        assert_eq!(
+            last_reason(&app, "", key).await,
+            "lookup_failed:not_addressable"
+        );
+    }
+    let mut asked: Vec<String> = seen
+        .requests()
+        .into_iter()
+        .map(|(path, _)| {
+            let segment = path.rsplit('/').next().unwrap();
+            percent_encoding::percent_decode_str(segment)
+                .decode_utf8()
+                .unwrap()
+                .into_owned()
+        })
+        .collect();
+    asked.sort();
+    provider_keys.sort();
+    assert_eq!(asked, provider_keys);
+}
+
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_found_object_about_another_key_settles_nothing(pool: PgPool) {
     // A wrong route (a list that ignores an unknown filter, a "latest" route) answers another
@@ -786,6 +982,7 @@ async fn a_found_object_about_another_key_settles_nothing(pool: PgPool) {
         "{warnings}"
     );
 }
+
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn an_operation_recorded_before_kinds_were_kept_is_never_released_by_a_later_lookup(
     pool: PgPool,
