@@ -1047,9 +1047,21 @@ pub fn validate_url_template(url: &str) -> Result<(), String> {
                 .into(),
         );
     }
-    let sample = url.replace("{provider_key}", "key");
-    match reqwest::Url::parse(&sample) {
-        Ok(parsed) if parsed.host().is_some() => {}
+    // Parsed the way lookups parse it, with two different keys: the origin must not move
+    // (`http:///{provider_key}` is parsed with the key as the host).
+    let origins: Vec<_> = ["key", "other"]
+        .into_iter()
+        .map(|key| reqwest::Url::parse(&url.replace("{provider_key}", key)))
+        .collect();
+    match origins.as_slice() {
+        [Ok(one), Ok(other)] if one.host().is_some() && one.origin() == other.origin() => {}
+        [Ok(one), Ok(_)] if one.host().is_some() => {
+            return Err(
+                "{provider_key} must be in the path or the query: the scheme, host and port \
+                 are fixed, so lookups and their headers go to one origin"
+                    .into(),
+            );
+        }
         _ => return Err("is not a valid URL".into()),
     }
     if rest[..authority_end].contains('@') {
@@ -1273,6 +1285,47 @@ adapters:
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_lookup_urls_host_is_the_one_written_however_it_is_spelled() {
+        for url in [
+            "http://[::1]:8081/v1/payments/{provider_key}",
+            "https://api.example.com:443/v1/payments/{provider_key}",
+            "https://api.example.com./v1/payments/{provider_key}",
+            "https://API.Example.com/v1/payments?key={provider_key}&expand=none",
+            "https://api.example.com/v1/{provider_key}/status",
+        ] {
+            assert_eq!(validate_url_template(url), Ok(()), "{url}");
+        }
+        for (url, expected) in [
+            // A backslash ends the host for http(s) parsers; what follows it must not hide
+            // another host or the key.
+            (
+                "http://api.example.com\\@evil.example/{provider_key}",
+                "must not carry credentials",
+            ),
+            (
+                "http://api.example.com\\{provider_key}",
+                "must be in the path or the query",
+            ),
+            (
+                "http://[::1]{provider_key}/x",
+                "must be in the path or the query",
+            ),
+            (
+                "http://api.example.com:{provider_key}/x",
+                "must be in the path or the query",
+            ),
+            ("http:///{provider_key}", "must be in the path or the query"),
+            (
+                "https:////{provider_key}/x",
+                "must be in the path or the query",
+            ),
+        ] {
+            let error = validate_url_template(url).unwrap_err();
+            assert!(error.contains(expected), "{url}: {error}");
+        }
     }
 
     #[test]
