@@ -1058,3 +1058,71 @@ adapters:
         assert_eq!(app.counts(reference).effects, 1, "{reference}");
     }
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn reconcile_operation_never_releases_an_operation_recorded_before_kinds_were_kept(
+    pool: PgPool,
+) {
+    // The e-mails stay invisible to the provider's search: its "not found" names the
+    // reference and matches the absence rule.
+    let config = SandboxConfig {
+        lookup_lag: Duration::from_secs(3600),
+        ..SandboxConfig::default()
+    };
+    let app = TestApp::spawn_with_policy(
+        pool,
+        config,
+        |sandbox| {
+            format!(
+                r#"
+actions:
+  send_email:
+    reconcile:
+      adapter: email_no_lookup
+      first_check_after_seconds: 3600
+      absence_grace_seconds: 0
+adapters:
+  email_no_lookup:
+    kind: http
+    url: "{sandbox}/v1/emails/by-reference/{{provider_key}}"
+    search_complete: true
+    absent_match: {{ pointer: /error, values: [not_found], key_pointer: /external_reference }}
+    response: {{ status_pointer: /status, succeeded_values: [sent], key_pointer: /external_reference }}
+"#
+            )
+        },
+        None,
+    )
+    .await;
+    let begin = app
+        .begin("email:legacy:rpc", "send_email", r#"{"case":"1"}"#)
+        .await
+        .unwrap();
+    let reference = begin.operation.as_ref().unwrap().provider_key.clone();
+    assert_eq!(
+        app.send_email(&reference, Some("commit-then-timeout"))
+            .await,
+        None
+    );
+    app.report_unknown(&begin.lease_token).await;
+    // Recorded the way the journal recorded entries before it kept adapter kinds: the
+    // adapter of that name may have been `kind: none` then.
+    sqlx::query(
+        "UPDATE agent_operations SET action_policy = action_policy #- '{reconcile,adapter_kind}'",
+    )
+    .execute(app.pool())
+    .await
+    .unwrap();
+
+    // `opjournal reconcile` and the console's callers use this RPC.
+    let report = app.reconcile("", "email:legacy:rpc").await.unwrap();
+    let op = report.operation.unwrap();
+    assert_eq!(op_status(&op), OperationStatus::Unknown);
+    let again = app
+        .begin("email:legacy:rpc", "send_email", r#"{"case":"1"}"#)
+        .await
+        .unwrap();
+    assert_eq!(decision(&again), Decision::VerificationRequired);
+    let counts = app.counts(&reference);
+    assert_eq!((counts.effects, counts.lookups), (1, 1));
+}
