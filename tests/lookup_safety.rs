@@ -1126,3 +1126,56 @@ adapters:
     let counts = app.counts(&reference);
     assert_eq!((counts.effects, counts.lookups), (1, 1));
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn an_operation_recorded_without_lookup_goes_to_review_at_once_when_reported_unknown(
+    pool: PgPool,
+) {
+    // Registered by a server whose file names the `kind: none` adapter `email_no_lookup` for
+    // send_email, with a first check an hour after the outcome becomes unknown (a setting
+    // that means nothing without a lookup).
+    let before = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        |_| {
+            "actions:\n  send_email:\n    reconcile:\n      adapter: email_no_lookup\n      \
+             first_check_after_seconds: 3600\nadapters:\n  email_no_lookup:\n    kind: none\n"
+                .to_owned()
+        },
+        None,
+    )
+    .await;
+    let begin = before
+        .begin("email:none:late", "send_email", r#"{"case":"1"}"#)
+        .await
+        .unwrap();
+    assert_eq!(decision(&begin), Decision::Execute);
+    // Reported unknown to a server whose file names an http lookup under that name.
+    let options = SpawnOptions {
+        policy: Some(Arc::new(|sandbox: &str| {
+            format!(
+                r#"
+actions:
+  send_email:
+    reconcile:
+      adapter: email_no_lookup
+      first_check_after_seconds: 3600
+adapters:
+  email_no_lookup:
+    kind: http
+    url: "{sandbox}/v1/emails/by-reference/{{provider_key}}"
+    response: {{ status_pointer: /status, succeeded_values: [sent], key_pointer: /external_reference }}
+"#
+            )
+        })),
+        ..SpawnOptions::default()
+    };
+    let after = TestApp::spawn_on(before.db.clone(), SandboxConfig::default(), 0, options).await;
+    after.report_unknown(&begin.lease_token).await;
+    // Due at once: the worker escalates it now, without looking it up.
+    let stats = after.worker("worker-a").tick().await.unwrap();
+    assert_eq!((stats.looked_up, stats.escalated), (1, 1), "{stats:?}");
+    let op = after.get("email:none:late").await;
+    assert_eq!(op.review_reason, "no_provider_lookup");
+    assert_eq!(after.counts(&op.provider_key).lookups, 0);
+}
