@@ -1179,3 +1179,32 @@ adapters:
     assert_eq!(op.review_reason, "no_provider_lookup");
     assert_eq!(after.counts(&op.provider_key).lookups, 0);
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn no_key_moves_the_lookup_off_the_configured_path(pool: PgPool) {
+    // A template whose text before the key ends in "%2": the key "e." would complete "%2e."
+    // into a dot segment, and the lookup would climb to the parent path.
+    let seen = Seen::default();
+    let origin = recording_server(seen.clone(), |uri| not_found_naming(last_segment(uri))).await;
+    let url = format!("{origin}/v1/payments/by-idempotency-key/%2{{provider_key}}");
+    let app = TestApp::spawn_with_policy(
+        pool,
+        SandboxConfig::default(),
+        move |_| payments_policy(&url),
+        None,
+    )
+    .await;
+    for key in ["e.", "E.", "x"] {
+        lost_begin(&app, "", key).await;
+    }
+    let stats = app.worker("worker-a").tick().await.unwrap();
+    assert_eq!((stats.looked_up, stats.released), (3, 0), "{stats:?}");
+    for key in ["e.", "E."] {
+        assert_eq!(
+            last_reason(&app, "", key).await,
+            "lookup_failed:not_addressable"
+        );
+    }
+    let paths: Vec<String> = seen.requests().into_iter().map(|(path, _)| path).collect();
+    assert_eq!(paths, ["/v1/payments/by-idempotency-key/%2x"]);
+}

@@ -139,7 +139,13 @@ pub struct HttpAdapter {
     client: reqwest::Client,
     headers: reqwest::header::HeaderMap,
     origin: reqwest::Url,
+    /// The parsed template up to the key: every lookup URL starts with it, then the key.
+    prefix: String,
 }
+
+/// A stand-in for the key when the template is parsed at start: unreserved characters only,
+/// so the parser leaves it as it is.
+const KEY_MARKER: &str = "opjournal-provider-key";
 
 impl HttpAdapter {
     /// Builds the adapter; header values are read from the environment now.
@@ -150,8 +156,14 @@ impl HttpAdapter {
         install_crypto_provider();
         crate::domain::policy::validate_http(&config)
             .map_err(|(setting, message)| format!("{setting}: {message}"))?;
-        let origin = reqwest::Url::parse(&config.url.replace("{provider_key}", "key"))
+        let origin = reqwest::Url::parse(&config.url.replace("{provider_key}", KEY_MARKER))
             .map_err(|_| "url: is not a valid URL".to_owned())?;
+        // What every lookup URL starts with: the template up to the key, as parsed.
+        let prefix = origin
+            .as_str()
+            .find(KEY_MARKER)
+            .map(|at| origin.as_str()[..at].to_owned())
+            .ok_or_else(|| "url: {provider_key} does not reach the URL".to_owned())?;
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, source) in &config.headers {
             let value = std::env::var(&source.env).map_err(|_| {
@@ -185,11 +197,14 @@ impl HttpAdapter {
             client,
             headers,
             origin,
+            prefix,
         })
     }
 
     /// The lookup's URL: the template with the provider key, percent-encoded; `None` when it
-    /// would not address that key at the configured origin.
+    /// would not address that key at the configured origin and path (the parsed URL must be
+    /// the parsed template's text up to the key, then the encoded key: a key that would
+    /// complete a dot segment or a percent sequence of the template is not looked up).
     fn url(&self, request: &LookupRequest) -> Option<reqwest::Url> {
         // "." and ".." would be removed from the path as dot segments and address another
         // resource, whose 404 would then read as "absent".
@@ -198,7 +213,12 @@ impl HttpAdapter {
         }
         let key = utf8_percent_encode(&request.provider_key, SEGMENT).to_string();
         let url = reqwest::Url::parse(&self.config.url.replace("{provider_key}", &key)).ok()?;
-        (url.origin() == self.origin.origin()).then_some(url)
+        let addressed = url.origin() == self.origin.origin()
+            && url
+                .as_str()
+                .strip_prefix(self.prefix.as_str())
+                .is_some_and(|rest| rest.starts_with(&key));
+        addressed.then_some(url)
     }
 
     fn read_found(&self, body: &Value, provider_key: &str) -> Observation {
