@@ -155,7 +155,7 @@ adapters:
     timeout_seconds: 2
     search_complete: true
     absent_match: {{ pointer: /error, values: [not_found], key_pointer: /idempotency_key }}
-    response: {{ status_pointer: /status, succeeded_values: [succeeded], external_id_pointer: /id }}
+    response: {{ status_pointer: /status, succeeded_values: [succeeded], key_pointer: /idempotency_key, external_id_pointer: /id }}
 "#
     )
 }

@@ -626,13 +626,16 @@ impl Journal {
         let error_code = (command.error_code).or(Some(ErrorCode::internal("unknown_outcome")));
         let rules = self.report_rules(&token).await?;
         // An action without a lookup goes to review at once; others wait for the first check.
+        // An operation recorded under a `kind: none` adapter has none, whatever today's file
+        // says of that name.
         let first_check_after = self
             .action_of(&rules)
             .filter(|a| {
-                matches!(
-                    self.policy.adapter_for(a),
-                    Some((_, AdapterConfig::Http(_) | AdapterConfig::Grpc(_)))
-                )
+                a.reconcile.adapter_kind.is_none_or(|kind| kind.looks_up())
+                    && matches!(
+                        self.policy.adapter_for(a),
+                        Some((_, AdapterConfig::Http(_) | AdapterConfig::Grpc(_)))
+                    )
             })
             .map(|a| Duration::from_secs(u64::from(a.reconcile.first_check_after_seconds)))
             .unwrap_or_default();

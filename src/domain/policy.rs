@@ -520,6 +520,13 @@ pub struct ResponseMapping {
     /// Status values meaning the operation failed definitively (no effect).
     #[serde(default)]
     pub failed_values: Vec<String>,
+    /// Where the found object names the key it is about (e.g. `/idempotency_key`): the
+    /// string there must equal the provider key looked up, or the answer settles nothing (a
+    /// failed lookup, `found_another_key`), so that another object's status (a wrong route,
+    /// a list that ignores its filter) never reads as this operation's outcome. Not set: a
+    /// warning.
+    #[serde(default)]
+    pub key_pointer: Option<String>,
     /// Where the provider's id of the effect is.
     #[serde(default)]
     pub external_id_pointer: Option<String>,
@@ -756,6 +763,19 @@ impl Policy {
                         .to_owned(),
                 ));
             }
+            if let AdapterConfig::Http(http) = adapter
+                && http.response.key_pointer.is_none()
+            {
+                warnings.push((
+                    ["adapters", name.as_str(), "response", "key_pointer"]
+                        .map(str::to_owned)
+                        .to_vec(),
+                    "is not set, so a found object is taken for this operation's outcome \
+                     whichever key it is about (a wrong route's or another object's status \
+                     settles the operation); set it to where the object names the key"
+                        .to_owned(),
+                ));
+            }
         }
         warnings
     }
@@ -850,6 +870,16 @@ impl Policy {
 /// Largest `result.max_bytes`, in bytes.
 pub const MAX_RESULT_MAX_BYTES: usize = 1_048_576;
 
+/// 4xx statuses that say the request was not served, so never "not found", whatever the
+/// body: 401, 403 and 407 (credentials refused, by the provider or a proxy; a store that
+/// hides what the caller may not list answers 403 for a missing and an existing object
+/// alike), 405 (a wrong method or route), 408 (a timeout), 413, 414 and 431 (a request,
+/// URL or headers too large: an over-long key), 421 (misdirected), 425 and 429 (too early,
+/// too many), 426 (upgrade required), 451 (withheld).
+pub const NOT_SERVED_STATUSES: &[u16] = &[
+    401, 403, 405, 407, 408, 413, 414, 421, 425, 426, 429, 431, 451,
+];
+
 /// The variables an http adapter's `url` may contain: the provider key only.
 pub const URL_VARIABLES: &[&str] = &["provider_key"];
 
@@ -872,6 +902,20 @@ pub fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, Stri
             format!(
                 "{status} cannot mean \"not found\": only 4xx answers may (a redirect, a \
                  success or a server error never proves absence)"
+            ),
+        ));
+    }
+    if let Some(status) = http
+        .absent_statuses
+        .iter()
+        .find(|s| NOT_SERVED_STATUSES.contains(*s))
+    {
+        return Err((
+            "absent_statuses",
+            format!(
+                "{status} cannot mean \"not found\": it says the request was not served (refused \
+                 credentials, a proxy's or a gateway's refusal, a rate limit, a timeout, a wrong \
+                 method or an over-long key), whether the object exists or not"
             ),
         ));
     }
@@ -917,6 +961,7 @@ pub fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, Stri
                 .iter()
                 .filter_map(|m| m.key_pointer.as_ref()),
         )
+        .chain(http.response.key_pointer.iter())
         .chain(http.response.external_id_pointer.iter());
     for pointer in pointers {
         if !pointer.starts_with('/') {
@@ -1002,9 +1047,21 @@ pub fn validate_url_template(url: &str) -> Result<(), String> {
                 .into(),
         );
     }
-    let sample = url.replace("{provider_key}", "key");
-    match reqwest::Url::parse(&sample) {
-        Ok(parsed) if parsed.host().is_some() => {}
+    // Parsed the way lookups parse it, with two different keys: the origin must not move
+    // (`http:///{provider_key}` is parsed with the key as the host).
+    let origins: Vec<_> = ["key", "other"]
+        .into_iter()
+        .map(|key| reqwest::Url::parse(&url.replace("{provider_key}", key)))
+        .collect();
+    match origins.as_slice() {
+        [Ok(one), Ok(other)] if one.host().is_some() && one.origin() == other.origin() => {}
+        [Ok(one), Ok(_)] if one.host().is_some() => {
+            return Err(
+                "{provider_key} must be in the path or the query: the scheme, host and port \
+                 are fixed, so lookups and their headers go to one origin"
+                    .into(),
+            );
+        }
         _ => return Err("is not a valid URL".into()),
     }
     if rest[..authority_end].contains('@') {
@@ -1067,6 +1124,7 @@ adapters:
     response:
       status_pointer: /status
       succeeded_values: [succeeded]
+      key_pointer: /idempotency_key
       external_id_pointer: /id
       keep_fields: [/id, /status]
 "#;
@@ -1227,6 +1285,47 @@ adapters:
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_lookup_urls_host_is_the_one_written_however_it_is_spelled() {
+        for url in [
+            "http://[::1]:8081/v1/payments/{provider_key}",
+            "https://api.example.com:443/v1/payments/{provider_key}",
+            "https://api.example.com./v1/payments/{provider_key}",
+            "https://API.Example.com/v1/payments?key={provider_key}&expand=none",
+            "https://api.example.com/v1/{provider_key}/status",
+        ] {
+            assert_eq!(validate_url_template(url), Ok(()), "{url}");
+        }
+        for (url, expected) in [
+            // A backslash ends the host for http(s) parsers; what follows it must not hide
+            // another host or the key.
+            (
+                "http://api.example.com\\@evil.example/{provider_key}",
+                "must not carry credentials",
+            ),
+            (
+                "http://api.example.com\\{provider_key}",
+                "must be in the path or the query",
+            ),
+            (
+                "http://[::1]{provider_key}/x",
+                "must be in the path or the query",
+            ),
+            (
+                "http://api.example.com:{provider_key}/x",
+                "must be in the path or the query",
+            ),
+            ("http:///{provider_key}", "must be in the path or the query"),
+            (
+                "https:////{provider_key}/x",
+                "must be in the path or the query",
+            ),
+        ] {
+            let error = validate_url_template(url).unwrap_err();
+            assert!(error.contains(expected), "{url}: {error}");
+        }
     }
 
     #[test]

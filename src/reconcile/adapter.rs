@@ -129,16 +129,23 @@ const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
 /// A JSON-over-HTTP lookup by the key the provider was called with.
 ///
-/// It asks the configured origin only: redirects are never followed (a 3xx answer is a
-/// failed lookup, `redirect_<status>`), no `Referer` is sent, and a URL whose origin differs
-/// from the template's is never requested, so the headers (credentials) reach that origin
-/// only.
+/// It asks the configured origin only, directly: redirects are never followed (a 3xx answer
+/// is a failed lookup, `redirect_<status>`), no `Referer` is sent, proxies named by the
+/// environment (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`) are not used, and a URL whose
+/// origin differs from the template's is never requested, so the headers (credentials)
+/// reach that origin only.
 pub struct HttpAdapter {
     config: HttpAdapterConfig,
     client: reqwest::Client,
     headers: reqwest::header::HeaderMap,
     origin: reqwest::Url,
+    /// The parsed template up to the key: every lookup URL starts with it, then the key.
+    prefix: String,
 }
+
+/// A stand-in for the key when the template is parsed at start: unreserved characters only,
+/// so the parser leaves it as it is.
+const KEY_MARKER: &str = "opjournal-provider-key";
 
 impl HttpAdapter {
     /// Builds the adapter; header values are read from the environment now.
@@ -149,8 +156,14 @@ impl HttpAdapter {
         install_crypto_provider();
         crate::domain::policy::validate_http(&config)
             .map_err(|(setting, message)| format!("{setting}: {message}"))?;
-        let origin = reqwest::Url::parse(&config.url.replace("{provider_key}", "key"))
+        let origin = reqwest::Url::parse(&config.url.replace("{provider_key}", KEY_MARKER))
             .map_err(|_| "url: is not a valid URL".to_owned())?;
+        // What every lookup URL starts with: the template up to the key, as parsed.
+        let prefix = origin
+            .as_str()
+            .find(KEY_MARKER)
+            .map(|at| origin.as_str()[..at].to_owned())
+            .ok_or_else(|| "url: {provider_key} does not reach the URL".to_owned())?;
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, source) in &config.headers {
             let value = std::env::var(&source.env).map_err(|_| {
@@ -173,6 +186,10 @@ impl HttpAdapter {
             .timeout(Duration::from_secs_f64(config.timeout_seconds))
             .redirect(reqwest::redirect::Policy::none())
             .referer(false)
+            // HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are not obeyed: a proxy would get the
+            // headers (over http://, the credentials in clear) and could answer for the
+            // provider.
+            .no_proxy()
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Self {
@@ -180,11 +197,14 @@ impl HttpAdapter {
             client,
             headers,
             origin,
+            prefix,
         })
     }
 
     /// The lookup's URL: the template with the provider key, percent-encoded; `None` when it
-    /// would not address that key at the configured origin.
+    /// would not address that key at the configured origin and path (the parsed URL must be
+    /// the parsed template's text up to the key, then the encoded key: a key that would
+    /// complete a dot segment or a percent sequence of the template is not looked up).
     fn url(&self, request: &LookupRequest) -> Option<reqwest::Url> {
         // "." and ".." would be removed from the path as dot segments and address another
         // resource, whose 404 would then read as "absent".
@@ -193,10 +213,15 @@ impl HttpAdapter {
         }
         let key = utf8_percent_encode(&request.provider_key, SEGMENT).to_string();
         let url = reqwest::Url::parse(&self.config.url.replace("{provider_key}", &key)).ok()?;
-        (url.origin() == self.origin.origin()).then_some(url)
+        let addressed = url.origin() == self.origin.origin()
+            && url
+                .as_str()
+                .strip_prefix(self.prefix.as_str())
+                .is_some_and(|rest| rest.starts_with(&key));
+        addressed.then_some(url)
     }
 
-    fn read_found(&self, body: &Value) -> Observation {
+    fn read_found(&self, body: &Value, provider_key: &str) -> Observation {
         // `null`, a bare string or a list is no object the provider found.
         if !body.is_object() {
             return Observation::LookupFailed {
@@ -204,6 +229,17 @@ impl HttpAdapter {
             };
         }
         let mapping = &self.config.response;
+        // Another object's status is not this operation's outcome.
+        let about_key = mapping.key_pointer.as_ref().is_none_or(|pointer| {
+            body.pointer(pointer)
+                .and_then(Value::as_str)
+                .is_some_and(|named| named == provider_key)
+        });
+        if !about_key {
+            return Observation::LookupFailed {
+                code: "found_another_key".into(),
+            };
+        }
         let text_at = |pointer: &Option<String>| {
             pointer
                 .as_deref()
@@ -236,19 +272,32 @@ impl HttpAdapter {
     }
 }
 
-/// Reads a JSON answer of at most [`MAX_RESPONSE_BYTES`]; `None` for anything else.
-async fn read_json(response: reqwest::Response) -> Option<Value> {
+/// Reads a JSON answer of at most [`MAX_RESPONSE_BYTES`], chunk by chunk, stopping as soon
+/// as it is longer (an answer without `Content-Length` can be endless). The error is the
+/// failed lookup's code: `response_too_large`, `timeout` (the body did not arrive within
+/// `timeout_seconds`), `response_read_failed` or `response_not_json`.
+async fn read_json(mut response: reqwest::Response) -> Result<Value, &'static str> {
     if response
         .content_length()
         .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
     {
-        return None;
+        return Err("response_too_large");
     }
-    let bytes = response.bytes().await.ok()?;
-    if bytes.len() > MAX_RESPONSE_BYTES {
-        return None;
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                    return Err("response_too_large");
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => break,
+            Err(error) if error.is_timeout() => return Err("timeout"),
+            Err(_) => return Err("response_read_failed"),
+        }
     }
-    serde_json::from_slice(&bytes).ok()
+    serde_json::from_slice(&body).map_err(|_| "response_not_json")
 }
 
 fn sanitize_code(value: &str) -> String {
@@ -299,7 +348,14 @@ impl ProviderAdapter for HttpAdapter {
         }
         if self.config.absent_statuses.contains(&status) {
             if let Some(expected) = &self.config.absent_match {
-                let body = read_json(response).await;
+                let body = match read_json(response).await {
+                    Ok(body) => Some(body),
+                    // An answer cut off or too large is no answer: never a "not found".
+                    Err(code @ ("timeout" | "response_too_large" | "response_read_failed")) => {
+                        return Observation::LookupFailed { code: code.into() };
+                    }
+                    Err(_) => None,
+                };
                 let matched = body
                     .as_ref()
                     .and_then(|b| b.pointer(&expected.pointer))
@@ -334,10 +390,8 @@ impl ProviderAdapter for HttpAdapter {
             };
         }
         match read_json(response).await {
-            Some(body) => self.read_found(&body),
-            None => Observation::LookupFailed {
-                code: "response_not_json".into(),
-            },
+            Ok(body) => self.read_found(&body, &request.provider_key),
+            Err(code) => Observation::LookupFailed { code: code.into() },
         }
     }
 }

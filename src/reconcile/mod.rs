@@ -174,6 +174,7 @@ impl Reconciler {
         let (name, adapter) = self
             .adapter_for(&record, &action)
             .ok_or(JournalError::NoProviderAdapter)?;
+        let proof = absence_proof(&action);
         // Take the reconcile lease, so that no worker looks the operation up meanwhile.
         let record = self
             .store
@@ -185,7 +186,7 @@ impl Reconciler {
         let span = attempt_span(&record, "request");
         let attempt = async {
             let observation = self.lookup(name, adapter.as_ref(), &record).await;
-            let observation = self.sanitize(observation, &action, name);
+            let observation = proof(self.sanitize(observation, &action, name));
             self.apply(record, &action, Some(observation)).await
         };
         self.observe_attempt(name, attempt.instrument(span.clone()), &span)
@@ -288,7 +289,11 @@ impl Reconciler {
         let observation = match self.adapter_for(&record, &action) {
             Some((name, adapter)) => {
                 let observation = self.lookup(name, adapter.as_ref(), &record).await;
-                Some(self.sanitize(observation, &action, name))
+                Some(absence_proof(&action)(self.sanitize(
+                    observation,
+                    &action,
+                    name,
+                )))
             }
             None => None,
         };
@@ -305,6 +310,10 @@ impl Reconciler {
     /// - the recorded adapter gone from today's file: the adapter today's file names for the
     ///   action, but only when the operation was recorded under a lookup (`http` or `grpc`);
     ///   operations recorded before adapter kinds were kept go to review.
+    ///
+    /// An operation recorded before adapter kinds were kept may have been registered under a
+    /// `kind: none` adapter since redefined under the same name: its lookup can settle it
+    /// (the provider found the object) but never release it ([`absence_proof`]).
     fn adapter_for<'a>(
         &'a self,
         record: &OperationRecord,
@@ -676,6 +685,23 @@ fn attempt_span(record: &OperationRecord, trigger: &'static str) -> tracing::Spa
         span.add_link(registered.span_context());
     }
     span
+}
+
+/// What a "not found" may prove for an operation registered under `action`: for one
+/// recorded before adapter kinds were kept (`adapter_kind` missing), nothing, since its
+/// adapter may have been a `kind: none` one that a later file redefined under the same name,
+/// and a changed file never turns "no lookup" into a release; a complete search then reads
+/// as an incomplete one (the operation stays `unknown`, and goes to review at its deadline).
+fn absence_proof(action: &ActionPolicy) -> impl Fn(Observation) -> Observation + use<> {
+    let kind_recorded = action.reconcile.adapter_kind.is_some();
+    move |observation| match observation {
+        Observation::NotFound {
+            search_complete: true,
+        } if !kind_recorded => Observation::NotFound {
+            search_complete: false,
+        },
+        observation => observation,
+    }
 }
 
 fn lookup_request(record: &OperationRecord) -> LookupRequest {

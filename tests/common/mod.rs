@@ -220,7 +220,7 @@ adapters:
     kind: http
     url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
     search_complete: false
-    response: {{ status_pointer: /status, succeeded_values: [succeeded], external_id_pointer: /id }}
+    response: {{ status_pointer: /status, succeeded_values: [succeeded], key_pointer: /idempotency_key, external_id_pointer: /id }}
   sandbox_payments:
     kind: http
     url: "{sandbox_url}/v1/payments/by-idempotency-key/{{provider_key}}"
@@ -231,6 +231,7 @@ adapters:
       status_pointer: /status
       succeeded_values: [succeeded]
       failed_values: [failed]
+      key_pointer: /idempotency_key
       external_id_pointer: /id
       keep_fields: [/id, /status, /amount_minor, /currency]
 "#

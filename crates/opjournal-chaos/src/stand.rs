@@ -347,7 +347,7 @@ adapters:
     search_complete: true
     absent_match: {{ pointer: /error, values: [not_found], key_pointer: /idempotency_key }}
     absent_statuses: [404]
-    response: {{ status_pointer: /status, succeeded_values: [succeeded], external_id_pointer: /id }}
+    response: {{ status_pointer: /status, succeeded_values: [succeeded], key_pointer: /idempotency_key, external_id_pointer: /id }}
 "#
     )
 }
