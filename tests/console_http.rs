@@ -1245,20 +1245,38 @@ async fn a_form_whose_origin_is_another_site_changes_nothing(pool: PgPool) {
     console.escalated_email(KEY, Some(ORCHESTRATOR)).await;
     let own_origin = console.url.trim_end_matches('/').to_owned();
     let visitor = Visitor::new(&console.url);
-    // Sign-in from another site's page, or from an opaque (`null`) origin: refused.
-    for origin in ["http://evil.example", "null", "http://127.0.0.1:1"] {
+    // Sign-in from another site's page (another name, another port), or from an opaque
+    // origin the browser says is another site: refused.
+    for (origin, fetch_site) in [
+        ("http://evil.example", None),
+        ("http://127.0.0.1:1", None),
+        ("null", Some("cross-site")),
+    ] {
         let page = visitor.get("/sign-in").await;
         let csrf = csrf_of(&page.body);
+        let mut headers = vec![("origin", origin)];
+        headers.extend(fetch_site.map(|site| ("sec-fetch-site", site)));
         let refused = visitor
-            .post_with(
-                "/sign-in",
-                &[("csrf", &csrf), ("token", ALICE)],
-                &[("origin", origin)],
-            )
+            .post_with("/sign-in", &[("csrf", &csrf), ("token", ALICE)], &headers)
             .await;
         assert_eq!(refused.status, 403, "{origin}");
         assert!(refused.body.contains("came from another site"), "{origin}");
         assert_eq!(visitor.get("/queue").await.status, 303, "still signed out");
+    }
+    // Its own origin, or `null` from its own page (what browsers send under the pages'
+    // `no-referrer` policy): signed in.
+    for origin in [own_origin.as_str(), "null"] {
+        let visitor = Visitor::new(&console.url);
+        let page = visitor.get("/sign-in").await;
+        let csrf = csrf_of(&page.body);
+        let signed_in = visitor
+            .post_with(
+                "/sign-in",
+                &[("csrf", &csrf), ("token", ALICE)],
+                &[("origin", origin), ("sec-fetch-site", "same-origin")],
+            )
+            .await;
+        assert_eq!(signed_in.status, 303, "{origin}");
     }
     let page = visitor.get("/sign-in").await;
     let csrf = csrf_of(&page.body);

@@ -16,8 +16,9 @@
 //!
 //! **Origin** (requests that would change something): a form sent by another site is
 //! refused with 403 before it reaches a page when the browser says so, by `Sec-Fetch-Site`
-//! (`cross-site`, `same-site`) or by an `Origin` that is not the request's own `Host`
-//! (`null` included). Browsers without either header are left to the CSRF tokens of
+//! (`cross-site`, `same-site`) or by an `Origin` that is not the request's own `Host`.
+//! (`Origin: null` tells nothing: with the pages' `no-referrer` policy, browsers send it for
+//! the console's own forms.) Browsers sending neither header are left to the CSRF tokens of
 //! [`super::session`].
 
 use std::net::{IpAddr, SocketAddr};
@@ -146,14 +147,17 @@ fn from_another_site(request: &Request, authority: &str) -> bool {
     let Some(origin) = headers.get(header::ORIGIN) else {
         return false;
     };
-    let origin_authority = origin
-        .to_str()
-        .ok()
-        .and_then(|origin| origin.split_once("://"))
-        .map(|(_, rest)| rest.trim_end_matches('/'));
-    match origin_authority {
-        Some(origin) => !origin.eq_ignore_ascii_case(authority),
-        // `null` (a sandboxed frame, a redirect from elsewhere) or unreadable.
+    let Ok(origin) = origin.to_str() else {
+        return true;
+    };
+    // `null` says nothing: browsers send it for the console's own forms too, since its
+    // pages' referrer policy is `no-referrer`; a `null` from another site's sandboxed frame
+    // comes with `Sec-Fetch-Site: cross-site`.
+    if origin == "null" {
+        return false;
+    }
+    match origin.split_once("://") {
+        Some((_, rest)) => !rest.trim_end_matches('/').eq_ignore_ascii_case(authority),
         None => true,
     }
 }
