@@ -1313,3 +1313,68 @@ async fn a_form_whose_origin_is_another_site_changes_nothing(pool: PgPool) {
     assert_eq!(resolved.status, 303, "{}", resolved.body);
     assert_eq!(console.emails_sent(KEY), 1);
 }
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn an_idle_https_connection_is_closed_after_the_idle_timeout(pool: PgPool) {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    opjournal::app::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let files = certificates(dir.path());
+    let tls = opjournal::api::tls::server_config(&files).unwrap();
+    let limits = ConsoleLimits {
+        idle_timeout: Duration::from_secs(2),
+        ..ConsoleLimits::default()
+    };
+    let console = ConsoleApp::spawn_https_limited(pool, tls, limits).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(dir.path().join("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(console.address())
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let stream = connector.connect(name, tcp).await.unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut client, connection) = h2::client::handshake(stream).await.unwrap();
+    let mut connection = tokio::spawn(connection);
+    // One page over HTTP/2, then nothing: no stream open, no byte either way.
+    let request = http::Request::get(format!("{}sign-in", console.url))
+        .body(())
+        .unwrap();
+    let (answer, _) = client.send_request(request, true).unwrap();
+    let answer = answer.await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert!(answer.headers().contains_key("strict-transport-security"));
+    let mut body = answer.into_body();
+    while let Some(chunk) = body.data().await {
+        chunk.unwrap();
+    }
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(2) + MARGIN, &mut connection)
+        .await
+        .expect("the idle connection is still open")
+        .unwrap()
+        .ok();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "closed for idleness, not at once"
+    );
+    // The console keeps serving new connections.
+    let ca = std::fs::read(dir.path().join("ca.pem")).unwrap();
+    let page = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
+        .build()
+        .unwrap()
+        .get(format!("{}sign-in", console.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+}

@@ -86,6 +86,15 @@ impl ConsoleApp {
 
     /// The app with the shop's tokens and its console over HTTPS with `tls`.
     pub async fn spawn_https(pool: PgPool, tls: opjournal::api::tls::ServerTls) -> Self {
+        Self::spawn_https_limited(pool, tls, ConsoleLimits::default()).await
+    }
+
+    /// The same, within `limits`.
+    pub async fn spawn_https_limited(
+        pool: PgPool,
+        tls: opjournal::api::tls::ServerTls,
+        limits: ConsoleLimits,
+    ) -> Self {
         let registry = tokens_config().token_registry().unwrap();
         let options = SpawnOptions {
             auth: Authenticator::new(registry.clone()),
@@ -93,7 +102,9 @@ impl ConsoleApp {
         };
         let app = TestApp::spawn_with_options(pool, options).await;
         let access = ConsoleAccess::from_registry(registry);
-        Self::serve(app, ConsoleOptions::new(access, Some(tls), 64 * 1024))
+        let mut options = ConsoleOptions::new(access, Some(tls), 64 * 1024);
+        options.limits = limits;
+        Self::serve(app, options)
     }
 
     /// The app with the shop's tokens and its console within `limits`.
