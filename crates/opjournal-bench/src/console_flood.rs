@@ -48,6 +48,9 @@ struct Args {
     /// Seconds after the close before the memory is read again.
     #[arg(long, default_value_t = 3.0)]
     settle: f64,
+    /// Times the whole flood is repeated on the same server.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
     /// A server setting as an environment variable, `KEY=VALUE` (repeatable).
     #[arg(long = "server-env", value_parser = parse_env)]
     server_env: Vec<(String, String)>,
@@ -191,6 +194,78 @@ async fn visit(console: SocketAddr) -> (String, Duration) {
     (status, started.elapsed())
 }
 
+/// One flood: the connections opened and held, then closed; the peak and after-close RSS.
+async fn flood_round(
+    args: &Arc<Args>,
+    console: SocketAddr,
+    addr: SocketAddr,
+    pid: u32,
+) -> anyhow::Result<(f64, f64)> {
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = tokio::spawn({
+        let sampling = sampling.clone();
+        async move {
+            let mut peak: f64 = 0.0;
+            while sampling.load(Ordering::SeqCst) {
+                peak = peak.max(rss_mib(pid).unwrap_or(0.0));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            peak
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let caller = tokio::spawn(grpc_caller(addr, stop.clone()));
+    let until = Arc::new(tokio::sync::Notify::new());
+    let started = Instant::now();
+    let mut flood = tokio::task::JoinSet::new();
+    for i in 0..args.connections {
+        flood.spawn(unfinished_sign_in(
+            console,
+            i % args.peers,
+            Arc::clone(args),
+            until.clone(),
+        ));
+    }
+    // Every connection is open (or refused) well before the hold ends.
+    tokio::time::sleep(Duration::from_secs_f64(args.hold)).await;
+    let (visitor_status, visitor_took) = visit(console).await;
+    let held_for = started.elapsed();
+    until.notify_waiters();
+    let mut fates = Vec::new();
+    while let Some(fate) = flood.join_next().await {
+        fates.push(fate?);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (latencies, errors) = caller.await??;
+    tokio::time::sleep(Duration::from_secs_f64(args.settle)).await;
+    sampling.store(false, Ordering::SeqCst);
+    let peak = sampler.await?;
+    let after = rss_mib(pid)?;
+    let count = |fate: Fate| fates.iter().filter(|f| **f == fate).count();
+    println!(
+        "  connections: held open {}, accepted and closed at once {}, answered {}, failed {} \
+         (after {:.1} s)",
+        count(Fate::Held),
+        count(Fate::Closed),
+        count(Fate::Answered),
+        count(Fate::Failed),
+        held_for.as_secs_f64()
+    );
+    println!(
+        "  visitor GET /sign-in during the flood: {visitor_status} in {:.1} ms",
+        visitor_took.as_secs_f64() * 1000.0
+    );
+    let ms = |q: f64| latencies.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "  gRPC caller: {} calls, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {errors} errors",
+        latencies.len(),
+        ms(0.5),
+        ms(0.99),
+        latencies.max() as f64 / 1000.0
+    );
+    Ok((peak, after))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Arc::new(Args::parse());
@@ -237,6 +312,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
         warm_page = visit(console).await.0;
     }
+    tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, Ordering::SeqCst);
     let (warm, _) = warmup.await??;
     if warm.is_empty() || !warm_page.starts_with("HTTP/1.1 200") {
@@ -253,73 +329,24 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("baseline RSS: {baseline:.1} MiB");
 
-    let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = tokio::spawn({
-        let sampling = sampling.clone();
-        async move {
-            let mut peak: f64 = 0.0;
-            while sampling.load(Ordering::SeqCst) {
-                peak = peak.max(rss_mib(pid).unwrap_or(0.0));
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            peak
-        }
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let caller = tokio::spawn(grpc_caller(addr, stop.clone()));
-    let until = Arc::new(tokio::sync::Notify::new());
-    let started = Instant::now();
-    let mut flood = tokio::task::JoinSet::new();
-    for i in 0..args.connections {
-        flood.spawn(unfinished_sign_in(
-            console,
-            i % args.peers,
-            args.clone(),
-            until.clone(),
-        ));
+    let mut peak_overall = baseline;
+    let mut last_after = baseline;
+    for round in 1..=args.rounds {
+        println!("round {round}:");
+        let (peak, after) = flood_round(&args, console, addr, pid).await?;
+        println!(
+            "  RSS: peak {peak:.1} MiB ({:+.1}), after close {after:.1} MiB ({:+.1})",
+            peak - baseline,
+            after - baseline
+        );
+        peak_overall = peak_overall.max(peak);
+        last_after = after;
     }
-    // Every connection is open (or refused) well before the hold ends.
-    tokio::time::sleep(Duration::from_secs_f64(args.hold)).await;
-    let (visitor_status, visitor_took) = visit(console).await;
-    let held_for = started.elapsed();
-    until.notify_waiters();
-    let mut fates = Vec::new();
-    while let Some(fate) = flood.join_next().await {
-        fates.push(fate?);
-    }
-    stop.store(true, Ordering::SeqCst);
-    let (latencies, errors) = caller.await??;
-    tokio::time::sleep(Duration::from_secs_f64(args.settle)).await;
-    sampling.store(false, Ordering::SeqCst);
-    let peak = sampler.await?;
-    let after = rss_mib(pid)?;
-    let count = |fate: Fate| fates.iter().filter(|f| **f == fate).count();
     println!(
-        "connections: held open {}, accepted and closed at once {}, answered {}, failed {} \
-         (after {:.1} s)",
-        count(Fate::Held),
-        count(Fate::Closed),
-        count(Fate::Answered),
-        count(Fate::Failed),
-        held_for.as_secs_f64()
-    );
-    println!(
-        "visitor GET /sign-in during the flood: {visitor_status} in {:.1} ms",
-        visitor_took.as_secs_f64() * 1000.0
-    );
-    let ms = |q: f64| latencies.value_at_quantile(q) as f64 / 1000.0;
-    println!(
-        "gRPC caller: {} calls, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {errors} errors",
-        latencies.len(),
-        ms(0.5),
-        ms(0.99),
-        latencies.max() as f64 / 1000.0
-    );
-    println!(
-        "RSS: baseline {baseline:.1} MiB, peak {peak:.1} MiB ({:+.1}), after close {after:.1} MiB \
-         ({:+.1})",
-        peak - baseline,
-        after - baseline
+        "summary: baseline {baseline:.1} MiB, peak {peak_overall:.1} MiB ({:+.1}), after the \
+         last close {last_after:.1} MiB ({:+.1})",
+        peak_overall - baseline,
+        last_after - baseline
     );
     server.stop().await;
     Ok(())
