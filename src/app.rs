@@ -381,8 +381,8 @@ pub async fn serve_metrics(
 }
 
 /// The review console's settings: sign-in by the server's tokens (or by name when there
-/// are none), and HTTPS with the server's certificates when it has them (`server`'s TLS,
-/// reloaded with it).
+/// are none), HTTPS with the server's certificates when it has them (`server`'s TLS,
+/// reloaded with it), and the configured limits and allowed hosts.
 ///
 /// Errors: invalid tokens (naming the setting).
 pub fn console_options(
@@ -391,7 +391,9 @@ pub fn console_options(
 ) -> Result<ConsoleOptions, StartError> {
     let access = ConsoleAccess::from_registry(config.token_registry()?);
     let tls = server.tls.clone();
-    Ok(ConsoleOptions::new(access, tls, config.max_result_bytes))
+    let mut options = ConsoleOptions::new(access, tls, config.max_result_bytes);
+    options.limits = config.console_limits();
+    Ok(options)
 }
 
 /// Serves the review console of `parts` on `address` until `shutdown`; returns its URL

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::sqlite::SqliteConnectOptions;
 
 use crate::api::TransportLimits;
+use crate::api::console::ConsoleLimits;
 use crate::domain::access::{NamespaceScope, Principal, Role, TokenDigest, TokenRegistry};
 use crate::domain::derived_key::MIN_SECRET_BYTES;
 use crate::domain::model::Namespace;
@@ -70,6 +71,31 @@ pub struct Config {
     /// roles as the gRPC API and TLS when the server has it; without tokens it is served only
     /// on a loopback address unless `insecure_allow_unauthenticated` (docs/review-console.md).
     pub console_listen: Option<SocketAddr>,
+    /// Server: names the review console answers to besides its own address: `host` (any
+    /// port) or `host:port`, e.g. the name a proxy or a DNS record gives it
+    /// (`OPJOURNAL_CONSOLE_ALLOWED_HOSTS='["console.example.com"]'`). A request for any other
+    /// `Host` is refused (DNS rebinding; docs/review-console.md, "Limits and timeouts").
+    pub console_allowed_hosts: Vec<String>,
+    /// Server: review console connections open at once; one more is accepted and closed.
+    pub console_max_connections: usize,
+    /// Server: review console connections open at once from one peer (an IPv4 address or an
+    /// IPv6 /64).
+    pub console_max_connections_per_peer: usize,
+    /// Server: seconds the review console waits for a request's line and headers.
+    pub console_header_timeout_seconds: f64,
+    /// Server: seconds the review console waits for a request's whole body after its
+    /// headers (408 past it).
+    pub console_body_timeout_seconds: f64,
+    /// Server: seconds after which a review console connection on which nothing moves is
+    /// closed.
+    pub console_idle_timeout_seconds: f64,
+    /// Server: largest review console sign-in form, in bytes (413 past it, unread).
+    pub console_sign_in_max_bytes: usize,
+    /// Server: review console sign-in attempts one peer may make in a burst.
+    pub console_sign_in_burst: u32,
+    /// Server: review console sign-in attempts per minute per peer after its burst (429 with
+    /// `Retry-After` past it).
+    pub console_sign_in_per_minute: u32,
     /// Without authentication (no tokens, no client certificates), let the server listen
     /// where other hosts can reach it anyway: the gRPC `listen` address
     /// ([`Config::check_exposure`]) and the review console's `console_listen`
@@ -288,6 +314,7 @@ impl Default for Config {
     fn default() -> Self {
         let limits = RequestLimits::default();
         let transport = TransportLimits::default();
+        let console = ConsoleLimits::default();
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             database_url: DEFAULT_DATABASE_URL.to_owned(),
@@ -306,6 +333,15 @@ impl Default for Config {
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             reconciler_metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9465)),
             console_listen: None,
+            console_allowed_hosts: Vec::new(),
+            console_max_connections: console.max_connections,
+            console_max_connections_per_peer: console.max_connections_per_peer,
+            console_header_timeout_seconds: console.header_timeout.as_secs_f64(),
+            console_body_timeout_seconds: console.body_timeout.as_secs_f64(),
+            console_idle_timeout_seconds: console.idle_timeout.as_secs_f64(),
+            console_sign_in_max_bytes: console.sign_in_max_bytes,
+            console_sign_in_burst: console.sign_in_burst,
+            console_sign_in_per_minute: console.sign_in_per_minute,
             insecure_allow_unauthenticated: false,
             backlog_sample_seconds: 10.0,
             purge_interval_seconds: 300.0,
@@ -364,6 +400,11 @@ pub const MAX_PAGE_SIZE: u32 = 1000;
 pub const MESSAGE_HEADROOM_BYTES: usize = 16 * 1024;
 /// Smallest `max_header_list_bytes` accepted.
 pub const MIN_HEADER_LIST_BYTES: u32 = 4096;
+/// Smallest `console_sign_in_max_bytes` accepted: a long token, a name and the form's own
+/// token fit.
+pub const MIN_CONSOLE_SIGN_IN_BYTES: usize = 1024;
+/// Largest `console_sign_in_max_bytes` accepted.
+pub const MAX_CONSOLE_SIGN_IN_BYTES: usize = 64 * 1024;
 /// The environment variable holding `key_derivation_secret`.
 pub const SECRET_VARIABLE: &str = "OPJOURNAL_KEY_DERIVATION_SECRET";
 /// The environment variable holding `webhook_secret`, its only source.
@@ -672,6 +713,57 @@ impl Config {
     /// The console without tokens lets anyone who reaches it resolve operations: only on
     /// loopback, unless the operator says otherwise.
     fn validate_console(&self) -> Result<(), ConfigError> {
+        for (name, value) in [
+            (
+                "console_header_timeout_seconds",
+                self.console_header_timeout_seconds,
+            ),
+            (
+                "console_body_timeout_seconds",
+                self.console_body_timeout_seconds,
+            ),
+            (
+                "console_idle_timeout_seconds",
+                self.console_idle_timeout_seconds,
+            ),
+        ] {
+            if !(value.is_finite() && value > 0.0 && value <= 3600.0) {
+                return Err(ConfigError(format!(
+                    "{name}: must be a number of seconds above 0 and at most 3600"
+                )));
+            }
+        }
+        if self.console_max_connections == 0 || self.console_max_connections_per_peer == 0 {
+            return Err(ConfigError(
+                "console_max_connections, console_max_connections_per_peer: must be at least 1"
+                    .into(),
+            ));
+        }
+        if self.console_sign_in_burst == 0 || self.console_sign_in_per_minute == 0 {
+            return Err(ConfigError(
+                "console_sign_in_burst, console_sign_in_per_minute: must be at least 1".into(),
+            ));
+        }
+        if !(MIN_CONSOLE_SIGN_IN_BYTES..=MAX_CONSOLE_SIGN_IN_BYTES)
+            .contains(&self.console_sign_in_max_bytes)
+        {
+            return Err(ConfigError(format!(
+                "console_sign_in_max_bytes: must be between {MIN_CONSOLE_SIGN_IN_BYTES} and \
+                 {MAX_CONSOLE_SIGN_IN_BYTES}"
+            )));
+        }
+        for (i, host) in self.console_allowed_hosts.iter().enumerate() {
+            let bad = host.trim().is_empty()
+                || host
+                    .chars()
+                    .any(|c| c.is_whitespace() || matches!(c, '/' | '@' | '*' | ',' | '?' | '#'));
+            if bad {
+                return Err(ConfigError(format!(
+                    "console_allowed_hosts[{i}]: a host name, or host:port (no scheme, path \
+                     or wildcard)"
+                )));
+            }
+        }
         let open = self.token_registry()?.is_empty();
         match self.console_listen {
             Some(address) if open && !address.ip().is_loopback() => {
@@ -726,6 +818,21 @@ impl Config {
     /// Seconds as a duration.
     pub fn seconds(value: f64) -> Duration {
         Duration::from_secs_f64(value.max(0.0))
+    }
+
+    /// The review console's limits and timeouts, and the names it answers to.
+    pub fn console_limits(&self) -> ConsoleLimits {
+        ConsoleLimits {
+            max_connections: self.console_max_connections,
+            max_connections_per_peer: self.console_max_connections_per_peer,
+            header_timeout: Self::seconds(self.console_header_timeout_seconds),
+            body_timeout: Self::seconds(self.console_body_timeout_seconds),
+            idle_timeout: Self::seconds(self.console_idle_timeout_seconds),
+            sign_in_max_bytes: self.console_sign_in_max_bytes,
+            sign_in_burst: self.console_sign_in_burst,
+            sign_in_per_minute: self.console_sign_in_per_minute,
+            allowed_hosts: self.console_allowed_hosts.clone(),
+        }
     }
 }
 
@@ -904,6 +1011,50 @@ mod tests {
             "a".repeat(64)
         );
         assert!(load(&with_token).is_ok());
+    }
+
+    #[test]
+    fn the_console_limits_have_safe_defaults_and_refuse_nonsense() {
+        let limits = load("").unwrap().console_limits();
+        assert_eq!(limits.sign_in_max_bytes, 4096);
+        assert!(limits.header_timeout <= Duration::from_secs(10));
+        assert!(limits.max_connections_per_peer < limits.max_connections);
+        let set = load(
+            "console_allowed_hosts = [\"console.example\", \"review.example:8443\"]\n\
+             console_body_timeout_seconds = 2.5\nconsole_sign_in_per_minute = 3\n",
+        )
+        .unwrap()
+        .console_limits();
+        assert_eq!(set.allowed_hosts.len(), 2);
+        assert_eq!(set.body_timeout, Duration::from_millis(2500));
+        assert_eq!(set.sign_in_per_minute, 3);
+        for (toml, setting) in [
+            (
+                "console_header_timeout_seconds = 0",
+                "console_header_timeout_seconds",
+            ),
+            (
+                "console_idle_timeout_seconds = 1e9",
+                "console_idle_timeout_seconds",
+            ),
+            ("console_max_connections = 0", "console_max_connections"),
+            ("console_sign_in_burst = 0", "console_sign_in_burst"),
+            (
+                "console_sign_in_max_bytes = 300000",
+                "console_sign_in_max_bytes",
+            ),
+            (
+                "console_allowed_hosts = [\"https://console.example/\"]",
+                "console_allowed_hosts[0]",
+            ),
+            (
+                "console_allowed_hosts = [\"*.example\"]",
+                "console_allowed_hosts[0]",
+            ),
+        ] {
+            let err = load(&format!("{toml}\n")).unwrap_err().to_string();
+            assert!(err.contains(setting), "{toml}: {err}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::console::*;
 use common::decision;
+use opjournal::api::console::ConsoleLimits;
 use opjournal::proto::Decision;
 use sqlx::PgPool;
 
@@ -862,4 +863,518 @@ async fn requests_the_console_cannot_read_get_its_own_page_and_change_nothing(po
     assert_untouched(&console).await;
     // The server keeps serving.
     assert_eq!(visitor.get("/queue").await.status, 200);
+}
+
+// Bounded before authentication: connections, timeouts, the sign-in form's size and rate.
+
+/// Timeouts short enough for a test to see them act, and a sign-in rate out of the way.
+fn quick_limits() -> ConsoleLimits {
+    ConsoleLimits {
+        header_timeout: Duration::from_secs(1),
+        body_timeout: Duration::from_secs(1),
+        sign_in_burst: 1000,
+        sign_in_per_minute: 1000,
+        ..ConsoleLimits::default()
+    }
+}
+
+/// Time allowed past a timeout for the server to act on it.
+const MARGIN: Duration = Duration::from_secs(3);
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_slow_loris_and_unfinished_sign_ins_are_closed_by_the_timeouts(pool: PgPool) {
+    use tokio::io::AsyncWriteExt as _;
+    let console = ConsoleApp::spawn_limited(pool, quick_limits()).await;
+    let address = console.address();
+
+    // A slow-loris: a request head trickled a byte every 100 ms, never finished.
+    let (mut read, mut write) = connect_from(address, [127, 0, 0, 1]).await.into_split();
+    let trickle = tokio::spawn(async move {
+        let head = format!("GET /sign-in HTTP/1.1\r\nHost: {address}\r\nX-Padding: ");
+        let bytes = head.bytes().chain(std::iter::repeat_n(b'a', 1000));
+        for byte in bytes {
+            if write.write_all(&[byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    // A connection that never says anything, and one kept alive after an answer.
+    let mut silent = connect_from(address, [127, 0, 0, 1]).await;
+    let mut kept = connect_from(address, [127, 0, 0, 1]).await;
+    kept.write_all(format!("GET /sign-in HTTP/1.1\r\nHost: {address}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    // Unfinished sign-in POSTs: the whole head, 10 bytes of a 200-byte form, then nothing.
+    let mut unfinished = Vec::new();
+    for _ in 0..20 {
+        let mut stream = connect_from(address, [127, 0, 0, 1]).await;
+        let head = format!(
+            "POST /sign-in HTTP/1.1\r\nHost: {address}\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 200\r\n\r\n\
+             csrf=aaaaa"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        unfinished.push(stream);
+    }
+    // Meanwhile gRPC callers of the same process are served.
+    let begin = console
+        .begin_email("email:order-901:shipped-v1", Some(ORCHESTRATOR))
+        .await
+        .unwrap();
+    assert_eq!(decision(&begin), Decision::Execute);
+
+    let loris = read_until_closed(&mut read, Duration::from_secs(1) + MARGIN).await;
+    assert!(loris.is_some(), "the slow-loris is still open");
+    assert!(!loris.unwrap().contains("200 OK"));
+    trickle.abort();
+    assert!(
+        read_until_closed(&mut silent, Duration::from_secs(1) + MARGIN)
+            .await
+            .is_some(),
+        "a silent connection is still open"
+    );
+    let kept = read_until_closed(&mut kept, Duration::from_secs(1) + MARGIN).await;
+    assert!(
+        kept.as_deref()
+            .is_some_and(|k| k.starts_with("HTTP/1.1 200")),
+        "answered, then closed while idle: {kept:?}"
+    );
+    for stream in &mut unfinished {
+        let answer = read_until_closed(stream, Duration::from_secs(1) + MARGIN).await;
+        let answer = answer.expect("an unfinished sign-in is still open");
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("did not arrive in time"), "{answer}");
+    }
+    // Nobody was signed in, and the console keeps serving.
+    let page = exchange_from(address, [127, 0, 0, 1], &get_request(address, "/sign-in")).await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn connections_past_the_cap_are_accepted_and_closed_and_others_still_served(pool: PgPool) {
+    let limits = ConsoleLimits {
+        max_connections: 6,
+        max_connections_per_peer: 4,
+        header_timeout: Duration::from_secs(60),
+        ..ConsoleLimits::default()
+    };
+    let console = ConsoleApp::spawn_limited(pool, limits).await;
+    let address = console.address();
+    let sign_in = get_request(address, "/sign-in");
+    let quick = Duration::from_millis(500);
+
+    // One peer's four silent connections take its whole share: a fifth is accepted and
+    // closed at once, before anything is read from it.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(connect_from(address, [127, 0, 0, 1]).await);
+    }
+    let mut fifth = connect_from(address, [127, 0, 0, 1]).await;
+    assert_eq!(
+        read_until_closed(&mut fifth, quick).await.as_deref(),
+        Some(""),
+        "past the peer's share: closed without a word"
+    );
+    // Another peer is still served, and so are gRPC callers.
+    let page = exchange_from(address, [127, 0, 0, 2], &sign_in).await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    let begin = console
+        .begin_email("email:order-902:shipped-v1", Some(ORCHESTRATOR))
+        .await
+        .unwrap();
+    assert_eq!(decision(&begin), Decision::Execute);
+
+    // A third peer fills the console (its connections stay open: admitted).
+    while held.len() < 6 {
+        let mut stream = connect_from(address, [127, 0, 0, 3]).await;
+        if read_until_closed(&mut stream, quick).await.is_none() {
+            held.push(stream);
+        }
+    }
+    let mut full = connect_from(address, [127, 0, 0, 4]).await;
+    assert_eq!(
+        read_until_closed(&mut full, quick).await.as_deref(),
+        Some(""),
+        "past the cap: closed without a word"
+    );
+    // Once an attacker's connection closes, a legitimate request is served again.
+    held.remove(0);
+    let mut served = String::new();
+    for _ in 0..50 {
+        served = exchange_from(address, [127, 0, 0, 4], &sign_in).await;
+        if !served.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    assert_eq!(
+        console
+            .app
+            .counts("shop/email:order-902:shipped-v1")
+            .effects,
+        0
+    );
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_sign_in_form_over_the_small_limit_is_refused_unread(pool: PgPool) {
+    let console = ConsoleApp::spawn(pool).await;
+    console.escalated_email(KEY, Some(ORCHESTRATOR)).await;
+    let address = console.address();
+    // A declared megabyte, none of it sent: refused at once from the head alone.
+    let declared = format!(
+        "POST /sign-in HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000000\r\n\r\n"
+    );
+    let started = std::time::Instant::now();
+    let answer = exchange_from(address, [127, 0, 0, 1], &declared).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("Request too large"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "not the body timeout"
+    );
+    // A form without a length is cut at the same limit.
+    let chunk = "x".repeat(8 * 1024);
+    let chunked = format!(
+        "POST /sign-in HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: chunked\r\n\r\n\
+         {:x}\r\ntoken={chunk}\r\n0\r\n\r\n",
+        chunk.len() + 6
+    );
+    let answer = exchange_from(address, [127, 0, 0, 1], &chunked).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+
+    // Signed-in forms keep their larger limit: a 20 KiB result is accepted.
+    let visitor = Visitor::new(&console.url);
+    assert_eq!(visitor.sign_in("token", ALICE).await.status, 303);
+    let csrf = visitor.csrf().await;
+    let result = format!(r#"{{"status":"sent","note":"{}"}}"#, "n".repeat(20 * 1024));
+    let form: Vec<_> = resolve_form(&csrf, "1", "succeeded", "seen in the provider's log")
+        .into_iter()
+        .map(|(name, value)| match name {
+            "result_json" => (name, result.as_str()),
+            _ => (name, value),
+        })
+        .collect();
+    let resolved = visitor.post("/operation/resolve", &form).await;
+    assert_eq!(resolved.status, 303, "{}", resolved.body);
+    assert_eq!(console.row(KEY).await.0, "succeeded");
+    assert_eq!(console.emails_sent(KEY), 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn sign_in_attempts_past_the_rate_are_answered_429_per_peer(pool: PgPool) {
+    let limits = ConsoleLimits {
+        sign_in_burst: 3,
+        sign_in_per_minute: 1,
+        ..ConsoleLimits::default()
+    };
+    let console = ConsoleApp::spawn_limited(pool, limits).await;
+    let guesser = Visitor::new(&console.url);
+    for attempt in 0..3 {
+        let wrong = guesser
+            .sign_in("token", &format!("tok-guess.{attempt}"))
+            .await;
+        assert_eq!(wrong.status, 401, "attempt {attempt}");
+    }
+    let page = guesser.get("/sign-in").await;
+    let csrf = csrf_of(&page.body);
+    let client = reqwest::Client::new();
+    let limited = client
+        .post(format!("{}sign-in", console.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", format!("opjournal_console_sign_in={csrf}"))
+        .body(form_body(&[("csrf", &csrf), ("token", ALICE)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(limited.status(), 429, "even the right token waits");
+    let retry: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    assert_security_headers(limited.headers(), false);
+    assert!(limited.headers().get("set-cookie").is_none());
+    let body = limited.text().await.unwrap();
+    assert!(body.contains("Too many sign-in attempts"), "{body}");
+    // Pages are not rate limited, and another peer signs in.
+    assert_eq!(guesser.get("/sign-in").await.status, 200);
+    let local = std::net::IpAddr::from([127, 0, 0, 2]);
+    let other = Visitor::with_client(
+        &console.url,
+        reqwest::Client::builder().local_address(local),
+    );
+    assert_eq!(other.sign_in("token", ALICE).await.status, 303);
+    assert_eq!(other.get("/queue").await.status, 200);
+}
+
+// Only its own address: DNS rebinding and cross-site forms.
+
+/// The headers of every answer, refusals included; HSTS over HTTPS only.
+fn assert_security_headers(headers: &reqwest::header::HeaderMap, https: bool) {
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert_eq!(headers["referrer-policy"], "no-referrer");
+    assert_eq!(headers["cache-control"], "no-store");
+    assert_eq!(
+        headers.get("strict-transport-security").is_some(),
+        https,
+        "HSTS over HTTPS only"
+    );
+}
+
+/// A page of another site rebinding its name to the console (`Host: evil.example:PORT`)
+/// gets the refusal page and no session; the console's own names are answered.
+async fn assert_only_its_own_names_are_answered(url: &str, client: reqwest::ClientBuilder) {
+    let https = url.starts_with("https://");
+    // HTTP/1.1, where the `Host` header is sent as given.
+    let client = client
+        .http1_only()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let port = url.trim_end_matches('/').rsplit(':').next().unwrap();
+    for host in [
+        format!("evil.example:{port}"),
+        "evil.example".to_owned(),
+        format!("localhost.evil.example:{port}"),
+    ] {
+        let page = client
+            .get(format!("{url}sign-in"))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status(), 421, "{host}");
+        assert_security_headers(page.headers(), https);
+        assert!(page.headers().get("set-cookie").is_none());
+        let body = page.text().await.unwrap();
+        assert!(body.contains("answers only to its own address"), "{body}");
+        assert!(!body.contains(r#"name="csrf""#));
+        let sign_in = client
+            .post(format!("{url}sign-in"))
+            .header("host", &host)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form_body(&[
+                ("csrf", "x"),
+                ("token", ALICE),
+                ("name", "mallory"),
+            ]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(sign_in.status(), 421, "{host}");
+        assert!(sign_in.headers().get("set-cookie").is_none());
+        let queue = client
+            .get(format!("{url}queue"))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(queue.status(), 421, "{host}");
+    }
+    // Its own names: the address it listens on, and for a loopback console `localhost` on
+    // any port (what `kubectl port-forward` gives a browser).
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "localhost:18090".to_owned(),
+    ] {
+        let page = client
+            .get(format!("{url}sign-in"))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status(), 200, "{host}");
+        assert_security_headers(page.headers(), https);
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_rebound_host_is_refused_without_tokens(pool: PgPool) {
+    let console = ConsoleApp::spawn_open(pool).await;
+    console.escalated_email(KEY, None).await;
+    assert_only_its_own_names_are_answered(&console.url, reqwest::Client::builder()).await;
+    assert_eq!(console.row(KEY).await, ("unknown".into(), 1, true));
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_rebound_host_is_refused_with_tokens(pool: PgPool) {
+    let console = ConsoleApp::spawn(pool).await;
+    assert_only_its_own_names_are_answered(&console.url, reqwest::Client::builder()).await;
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_rebound_host_is_refused_over_https_and_every_answer_carries_hsts(pool: PgPool) {
+    opjournal::app::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let files = certificates(dir.path());
+    let tls = opjournal::api::tls::server_config(&files).unwrap();
+    let console = ConsoleApp::spawn_https(pool, tls).await;
+    let ca = std::fs::read(dir.path().join("ca.pem")).unwrap();
+    let trusting = || {
+        reqwest::Client::builder().tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
+    };
+    assert_only_its_own_names_are_answered(&console.url, trusting()).await;
+    // Over HTTP/2 as well: every answer carries HSTS.
+    let page = trusting()
+        .build()
+        .unwrap()
+        .get(format!("{}sign-in", console.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.version(), reqwest::Version::HTTP_2);
+    assert_security_headers(page.headers(), true);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_form_whose_origin_is_another_site_changes_nothing(pool: PgPool) {
+    let console = ConsoleApp::spawn(pool).await;
+    console.escalated_email(KEY, Some(ORCHESTRATOR)).await;
+    let own_origin = console.url.trim_end_matches('/').to_owned();
+    let visitor = Visitor::new(&console.url);
+    // Sign-in from another site's page (another name, another port), or from an opaque
+    // origin the browser says is another site: refused.
+    for (origin, fetch_site) in [
+        ("http://evil.example", None),
+        ("http://127.0.0.1:1", None),
+        ("null", Some("cross-site")),
+    ] {
+        let page = visitor.get("/sign-in").await;
+        let csrf = csrf_of(&page.body);
+        let mut headers = vec![("origin", origin)];
+        headers.extend(fetch_site.map(|site| ("sec-fetch-site", site)));
+        let refused = visitor
+            .post_with("/sign-in", &[("csrf", &csrf), ("token", ALICE)], &headers)
+            .await;
+        assert_eq!(refused.status, 403, "{origin}");
+        assert!(refused.body.contains("came from another site"), "{origin}");
+        assert_eq!(visitor.get("/queue").await.status, 303, "still signed out");
+    }
+    // Its own origin, or `null` from its own page (what browsers send under the pages'
+    // `no-referrer` policy): signed in.
+    for origin in [own_origin.as_str(), "null"] {
+        let visitor = Visitor::new(&console.url);
+        let page = visitor.get("/sign-in").await;
+        let csrf = csrf_of(&page.body);
+        let signed_in = visitor
+            .post_with(
+                "/sign-in",
+                &[("csrf", &csrf), ("token", ALICE)],
+                &[("origin", origin), ("sec-fetch-site", "same-origin")],
+            )
+            .await;
+        assert_eq!(signed_in.status, 303, "{origin}");
+    }
+    let page = visitor.get("/sign-in").await;
+    let csrf = csrf_of(&page.body);
+    let signed_in = visitor
+        .post_with(
+            "/sign-in",
+            &[("csrf", &csrf), ("token", ALICE)],
+            &[("origin", &own_origin)],
+        )
+        .await;
+    assert_eq!(signed_in.status, 303, "its own origin");
+    // A resolution with the session's CSRF token but another site's origin: refused, and
+    // the refusal page carries the headers of every page.
+    let csrf = visitor.csrf().await;
+    let form = resolve_form(&csrf, "1", "succeeded", "seen");
+    let refused = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{}operation/resolve", console.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", "http://evil.example")
+        .header("cookie", visitor.cookie_header())
+        .body(form_body(&form))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    assert_security_headers(refused.headers(), false);
+    assert_untouched(&console).await;
+    let resolved = visitor
+        .post_with("/operation/resolve", &form, &[("origin", &own_origin)])
+        .await;
+    assert_eq!(resolved.status, 303, "{}", resolved.body);
+    assert_eq!(console.emails_sent(KEY), 1);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn an_idle_https_connection_is_closed_after_the_idle_timeout(pool: PgPool) {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    opjournal::app::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let files = certificates(dir.path());
+    let tls = opjournal::api::tls::server_config(&files).unwrap();
+    let limits = ConsoleLimits {
+        idle_timeout: Duration::from_secs(2),
+        ..ConsoleLimits::default()
+    };
+    let console = ConsoleApp::spawn_https_limited(pool, tls, limits).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(dir.path().join("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(console.address())
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let stream = connector.connect(name, tcp).await.unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut client, connection) = h2::client::handshake(stream).await.unwrap();
+    let mut connection = tokio::spawn(connection);
+    // One page over HTTP/2, then nothing: no stream open, no byte either way.
+    let request = http::Request::get(format!("{}sign-in", console.url))
+        .body(())
+        .unwrap();
+    let (answer, _) = client.send_request(request, true).unwrap();
+    let answer = answer.await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert!(answer.headers().contains_key("strict-transport-security"));
+    let mut body = answer.into_body();
+    while let Some(chunk) = body.data().await {
+        chunk.unwrap();
+    }
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(2) + MARGIN, &mut connection)
+        .await
+        .expect("the idle connection is still open")
+        .unwrap()
+        .ok();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "closed for idleness, not at once"
+    );
+    // The console keeps serving new connections.
+    let ca = std::fs::read(dir.path().join("ca.pem")).unwrap();
+    let page = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
+        .build()
+        .unwrap()
+        .get(format!("{}sign-in", console.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
 }

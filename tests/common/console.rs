@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use opjournal::api::Authenticator;
-use opjournal::api::console::{ConsoleAccess, ConsoleOptions};
+use opjournal::api::console::{ConsoleAccess, ConsoleLimits, ConsoleOptions};
 use opjournal::config::Config;
 use opjournal::proto::{BeginOperationRequest, Decision, ReportUnknownOutcomeRequest};
 use sha2::Digest as _;
@@ -86,6 +86,15 @@ impl ConsoleApp {
 
     /// The app with the shop's tokens and its console over HTTPS with `tls`.
     pub async fn spawn_https(pool: PgPool, tls: opjournal::api::tls::ServerTls) -> Self {
+        Self::spawn_https_limited(pool, tls, ConsoleLimits::default()).await
+    }
+
+    /// The same, within `limits`.
+    pub async fn spawn_https_limited(
+        pool: PgPool,
+        tls: opjournal::api::tls::ServerTls,
+        limits: ConsoleLimits,
+    ) -> Self {
         let registry = tokens_config().token_registry().unwrap();
         let options = SpawnOptions {
             auth: Authenticator::new(registry.clone()),
@@ -93,7 +102,29 @@ impl ConsoleApp {
         };
         let app = TestApp::spawn_with_options(pool, options).await;
         let access = ConsoleAccess::from_registry(registry);
-        Self::serve(app, ConsoleOptions::new(access, Some(tls), 64 * 1024))
+        let mut options = ConsoleOptions::new(access, Some(tls), 64 * 1024);
+        options.limits = limits;
+        Self::serve(app, options)
+    }
+
+    /// The app with the shop's tokens and its console within `limits`.
+    pub async fn spawn_limited(pool: PgPool, limits: ConsoleLimits) -> Self {
+        let registry = tokens_config().token_registry().unwrap();
+        let options = SpawnOptions {
+            auth: Authenticator::new(registry.clone()),
+            ..SpawnOptions::default()
+        };
+        let app = TestApp::spawn_with_options(pool, options).await;
+        let mut options =
+            ConsoleOptions::new(ConsoleAccess::from_registry(registry), None, 64 * 1024);
+        options.limits = limits;
+        Self::serve(app, options)
+    }
+
+    /// The console's address.
+    pub fn address(&self) -> std::net::SocketAddr {
+        let rest = self.url.split_once("://").unwrap().1;
+        rest.trim_end_matches('/').parse().unwrap()
     }
 
     async fn with_console(app: TestApp, access: ConsoleAccess) -> Self {
@@ -249,7 +280,8 @@ impl Visitor {
         }
     }
 
-    fn cookie_header(&self) -> String {
+    /// The `Cookie` header this visitor sends.
+    pub fn cookie_header(&self) -> String {
         let cookies = self.cookies.lock().unwrap();
         cookies
             .iter()
@@ -353,4 +385,50 @@ pub fn csrf_of(html: &str) -> String {
 /// `/operation?...` of the shop's `key`.
 pub fn operation_path(key: &str) -> String {
     opjournal::api::console::operation_href(SHOP, key)
+}
+
+/// A raw TCP connection to the console at `address` from the loopback address `from`
+/// (`127.x.y.z`: each is another peer to the console).
+pub async fn connect_from(address: std::net::SocketAddr, from: [u8; 4]) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::from((from, 0))).unwrap();
+    socket.connect(address).await.unwrap()
+}
+
+/// What the server sends on `stream` until it closes it, if it does within `limit`;
+/// `None` while it stays open.
+pub async fn read_until_closed(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    limit: std::time::Duration,
+) -> Option<String> {
+    use tokio::io::AsyncReadExt as _;
+    let mut received = Vec::new();
+    let read = async {
+        let mut chunk = [0_u8; 4096];
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => received.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(limit, read).await.ok()?;
+    Some(String::from_utf8_lossy(&received).into_owned())
+}
+
+/// One HTTP/1.1 exchange with the console from `from`: `request` (a whole request, with
+/// `Connection: close`) and everything the server answered; empty when it closed the
+/// connection without answering.
+pub async fn exchange_from(address: std::net::SocketAddr, from: [u8; 4], request: &str) -> String {
+    use tokio::io::AsyncWriteExt as _;
+    let mut stream = connect_from(address, from).await;
+    let _ = stream.write_all(request.as_bytes()).await;
+    read_until_closed(&mut stream, std::time::Duration::from_secs(10))
+        .await
+        .expect("the console answers and closes")
+}
+
+/// `GET path` as a browser without cookies sends it, closing the connection after.
+pub fn get_request(address: std::net::SocketAddr, path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n")
 }

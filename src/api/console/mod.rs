@@ -11,11 +11,16 @@
 //!
 //! What it shows is what the journal stores (payloads never are): an operation's fields,
 //! business references, its sanitized result and its history. Sign-in, sessions and CSRF
-//! protection are in [`session`]. The pages work without JavaScript; the vendored htmx
+//! protection are in [`session`], which requests it answers at all (`Host`, `Origin`) in
+//! [`hosts`], and what it reads before anyone is signed in, for how long, in [`limits`] and
+//! [`listener`]. The pages work without JavaScript; the vendored htmx
 //! (`assets/console/`) only refreshes the counts and filters the queue in place. Every
 //! asset is compiled into the binary: nothing is loaded from elsewhere.
 
 pub mod assets;
+pub mod hosts;
+pub mod limits;
+mod listener;
 mod pages;
 pub mod session;
 mod view;
@@ -25,19 +30,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::{get, post};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::server::TlsStream;
-use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::tls::{self, ServerTls};
+use super::tls::ServerTls;
 use crate::journal::Journal;
 use crate::reconcile::Reconciler;
+use hosts::HostRule;
+pub use limits::ConsoleLimits;
 pub use session::ConsoleAccess;
 use session::Sessions;
 pub use view::operation_href;
@@ -46,8 +50,6 @@ pub use view::operation_href;
 pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
 /// How long a session lasts at most, by default.
 pub const DEFAULT_SESSION_LIFETIME: Duration = Duration::from_secs(8 * 3600);
-/// How long a draining console waits for requests in flight on shutdown.
-const DRAIN: Duration = Duration::from_secs(5);
 
 /// The console's settings.
 #[derive(Clone)]
@@ -61,8 +63,11 @@ pub struct ConsoleOptions {
     pub session_idle: Duration,
     /// A session ends this long after sign-in at the latest.
     pub session_lifetime: Duration,
-    /// Largest form accepted, in bytes (a reviewer's result JSON is the largest field).
+    /// Largest form accepted from a signed-in person, in bytes (a reviewer's result JSON is
+    /// the largest field); the sign-in form's is `limits.sign_in_max_bytes`.
     pub max_form_bytes: usize,
+    /// Connections, timeouts, the sign-in form's size and rate, and the names it answers to.
+    pub limits: ConsoleLimits,
 }
 
 impl std::fmt::Debug for ConsoleOptions {
@@ -73,12 +78,14 @@ impl std::fmt::Debug for ConsoleOptions {
             .field("session_idle", &self.session_idle)
             .field("session_lifetime", &self.session_lifetime)
             .field("max_form_bytes", &self.max_form_bytes)
+            .field("limits", &self.limits)
             .finish()
     }
 }
 
 impl ConsoleOptions {
-    /// Options with the default session lengths and a form limit fitting `max_result_bytes`.
+    /// Options with the default session lengths and limits, and a form limit fitting
+    /// `max_result_bytes`.
     pub fn new(access: ConsoleAccess, tls: Option<ServerTls>, max_result_bytes: usize) -> Self {
         Self {
             access,
@@ -87,6 +94,7 @@ impl ConsoleOptions {
             session_lifetime: DEFAULT_SESSION_LIFETIME,
             // A form encodes each byte of the result in up to three.
             max_form_bytes: max_result_bytes.saturating_mul(3) + 16 * 1024,
+            limits: ConsoleLimits::default(),
         }
     }
 }
@@ -99,8 +107,14 @@ struct Console {
     sessions: Arc<Sessions>,
 }
 
-/// The console's routes over `journal` and `reconciler`.
-pub fn router(journal: Journal, reconciler: Reconciler, options: &ConsoleOptions) -> Router {
+/// The console's routes over `journal` and `reconciler`, for a console listening on
+/// `listen`.
+pub fn router(
+    journal: Journal,
+    reconciler: Reconciler,
+    options: &ConsoleOptions,
+    listen: SocketAddr,
+) -> Router {
     let sessions = Sessions::new(
         options.access.clone(),
         options.session_idle,
@@ -112,23 +126,39 @@ pub fn router(journal: Journal, reconciler: Reconciler, options: &ConsoleOptions
         reconciler,
         sessions: Arc::new(sessions),
     };
+    let limits = &options.limits;
+    let gate = Arc::new(limits::SignInGate::new(limits));
+    let sign_in = post(session::sign_in)
+        .layer(DefaultBodyLimit::max(limits.sign_in_max_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            gate,
+            limits::sign_in_gate,
+        ));
+    let hosts = Arc::new(HostRule::new(listen, &limits.allowed_hosts));
     Router::new()
         .route("/", get(pages::home))
         .route("/queue", get(pages::queue))
         .route("/operation", get(pages::operation))
         .route("/operation/resolve", post(pages::resolve))
         .route("/search", get(pages::search))
-        .route(
-            "/sign-in",
-            get(session::sign_in_page).post(session::sign_in),
-        )
+        .route("/sign-in", get(session::sign_in_page).merge(sign_in))
         .route("/sign-out", post(session::sign_out))
         .route("/assets/{name}", get(assets::serve))
         .fallback(pages::not_found)
         .layer(axum::middleware::map_response(rejection_pages))
-        .layer(axum::middleware::map_response(security_headers))
-        .layer(axum::middleware::from_fn(session::refuse_cross_site))
         .layer(DefaultBodyLimit::max(options.max_form_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            limits.body_timeout,
+            limits::body_deadline,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            hosts,
+            hosts::same_origin,
+        ))
+        .layer(axum::middleware::map_response_with_state(
+            options.tls.is_some(),
+            security_headers,
+        ))
         .with_state(console)
 }
 
@@ -159,9 +189,10 @@ async fn rejection_pages(response: Response) -> Response {
     view::error_page(None, status, heading, message)
 }
 
-/// Headers on every answer: no caching of pages, no framing, no sniffing, no referrer, and
-/// a content security policy that lets in only the console's own scripts and styles.
-async fn security_headers(mut response: Response) -> Response {
+/// Headers on every answer, refusals and error pages included: no caching of pages, no
+/// framing, no sniffing, no referrer, a content security policy that lets in only the
+/// console's own scripts and styles, and over HTTPS (`https`) HSTS.
+async fn security_headers(State(https): State<bool>, mut response: Response) -> Response {
     let headers = response.headers_mut();
     let set = |headers: &mut axum::http::HeaderMap, name: HeaderName, value: &'static str| {
         headers.insert(name, HeaderValue::from_static(value));
@@ -178,13 +209,21 @@ async fn security_headers(mut response: Response) -> Response {
     if !headers.contains_key(header::CACHE_CONTROL) {
         set(headers, header::CACHE_CONTROL, "no-store");
     }
+    if https {
+        set(
+            headers,
+            header::STRICT_TRANSPORT_SECURITY,
+            "max-age=31536000",
+        );
+    }
     response
 }
 
 /// Serves the console on `listener` until `shutdown` is cancelled, then lets requests in
-/// flight finish (a few seconds at most).
+/// flight finish (a few seconds at most); connections and requests are bounded by
+/// `options.limits` (see [`listener`]).
 ///
-/// Errors: the listener fails.
+/// Errors: the listener has no local address.
 pub async fn serve(
     journal: Journal,
     reconciler: Reconciler,
@@ -192,65 +231,8 @@ pub async fn serve(
     options: ConsoleOptions,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = router(journal, reconciler, &options);
-    let stopped = shutdown.clone().cancelled_owned();
-    let served = async {
-        match options.tls {
-            Some(tls) => {
-                let local = listener.local_addr()?;
-                let tls = tls.with_alpn(&[b"h2", b"http/1.1"]);
-                let incoming = HttpsListener {
-                    incoming: tls::incoming(listener, tls),
-                    local,
-                };
-                axum::serve(incoming, app)
-                    .with_graceful_shutdown(stopped)
-                    .await
-            }
-            None => {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stopped)
-                    .await
-            }
-        }
-    };
-    // A browser holding a connection open does not hold up the stop for long.
-    let drained = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(DRAIN).await;
-    };
-    tokio::select! {
-        result = served => result,
-        () = drained => Ok(()),
-    }
-}
-
-/// Connections after their TLS handshake (each in a task of its own, under the certificate
-/// current when it arrived: see [`tls::incoming`]), as a listener axum serves.
-struct HttpsListener {
-    incoming: ReceiverStream<std::io::Result<TlsStream<TcpStream>>>,
-    local: SocketAddr,
-}
-
-impl axum::serve::Listener for HttpsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.incoming.next().await {
-                Some(Ok(stream)) => {
-                    let peer = stream.get_ref().0.peer_addr().unwrap_or(self.local);
-                    return (stream, peer);
-                }
-                Some(Err(error)) => tracing::debug!(%error, "console connection failed"),
-                // The accept loop ends only with this listener.
-                None => std::future::pending::<()>().await,
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.local)
-    }
+    let listen = listener.local_addr()?;
+    let app = router(journal, reconciler, &options, listen);
+    listener::serve(listener, options.tls, app, &options.limits, shutdown).await;
+    Ok(())
 }

@@ -15,16 +15,15 @@
 //! CSRF: every form carries its session's random token (a synchronizer token), compared in
 //! constant time before anything changes; the sign-in form, before any session exists,
 //! carries a token that must equal a short-lived cookie of its own (double submit). A
-//! request the browser marks as coming from another site (`Sec-Fetch-Site`) that would
-//! change anything is refused before it reaches a handler.
+//! request the browser marks as coming from another site (`Sec-Fetch-Site`, `Origin`) that
+//! would change anything is refused before it reaches a handler ([`super::hosts`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Form, FromRequestParts, Request, State};
+use axum::extract::{Form, FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 use base64::Engine as _;
@@ -230,26 +229,6 @@ pub(super) fn csrf_refusal(session: &Session, presented: &str) -> Option<Respons
          site, or from before you signed in again): nothing was changed. Reload the page and \
          try again.",
     ))
-}
-
-/// Refuses, before any handler, a request that would change something and that the browser
-/// says comes from another site.
-pub(super) async fn refuse_cross_site(request: Request, next: Next) -> Response {
-    let fetch_site = request
-        .headers()
-        .get("sec-fetch-site")
-        .and_then(|v| v.to_str().ok());
-    let changes = !matches!(*request.method(), Method::GET | Method::HEAD);
-    if changes && matches!(fetch_site, Some("cross-site" | "same-site")) {
-        tracing::info!("console request refused: sent from another site");
-        return view::error_page(
-            None,
-            StatusCode::FORBIDDEN,
-            "Request refused",
-            "This request came from another site: nothing was changed.",
-        );
-    }
-    next.run(request).await
 }
 
 /// The sign-in page's form.

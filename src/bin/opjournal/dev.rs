@@ -199,11 +199,12 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
 
     let shutdown = app::shutdown_on_signals();
     let token = ConsoleToken::generate();
-    let console_options = ConsoleOptions::new(
+    let mut console_options = ConsoleOptions::new(
         ConsoleAccess::from_registry(token.registry()?),
         None,
         config.max_result_bytes,
     );
+    console_options.limits = config.console_limits();
     let (console_url, console) = app::serve_console(
         &parts,
         flags.console_listen,

@@ -1,0 +1,231 @@
+//! What the console reads of a request before anyone is signed in, and for how long: the
+//! limits of its connections ([`super::listener`]), the deadline of every request body, and
+//! the sign-in form's size and rate.
+
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use governor::clock::{Clock as _, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use http_body::Frame;
+use tokio::time::Sleep;
+
+use super::listener::peer_key;
+use super::view;
+
+/// The console's limits and timeouts; every field has a safe default
+/// (docs/review-console.md, "Limits and timeouts").
+#[derive(Debug, Clone)]
+pub struct ConsoleLimits {
+    /// Connections open at once; one more is accepted and closed at once.
+    pub max_connections: usize,
+    /// Connections open at once from one peer (an IPv4 address or an IPv6 /64).
+    pub max_connections_per_peer: usize,
+    /// Longest wait for a request's line and headers (HTTP/1.1), from the moment the
+    /// connection waits for them (a new one, or a kept-alive one between requests).
+    pub header_timeout: Duration,
+    /// Longest wait for a request's whole body once its headers arrived; past it the
+    /// request is answered 408 and nothing is changed.
+    pub body_timeout: Duration,
+    /// A connection on which no byte moves either way for this long is closed.
+    pub idle_timeout: Duration,
+    /// Largest sign-in form, in bytes; a larger one is answered 413 unread.
+    pub sign_in_max_bytes: usize,
+    /// Sign-in attempts one peer may make at once before it is slowed down.
+    pub sign_in_burst: u32,
+    /// Sign-in attempts one peer may make per minute, once its burst is spent; one more is
+    /// answered 429 with `Retry-After`, unread.
+    pub sign_in_per_minute: u32,
+    /// Further names (`host` for any port, `host:port` for one) the console answers to,
+    /// besides its own address (see [`super::hosts`]).
+    pub allowed_hosts: Vec<String>,
+}
+
+/// Default connections open at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default connections from one peer.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 32;
+/// Default wait for a request's head.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default wait for a request's body.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default idle time of a connection.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default largest sign-in form: a token or a name, and the form's own token.
+pub const DEFAULT_SIGN_IN_MAX_BYTES: usize = 4096;
+/// Default sign-in burst per peer.
+pub const DEFAULT_SIGN_IN_BURST: u32 = 10;
+/// Default sign-ins per minute per peer.
+pub const DEFAULT_SIGN_IN_PER_MINUTE: u32 = 10;
+
+impl Default for ConsoleLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            sign_in_max_bytes: DEFAULT_SIGN_IN_MAX_BYTES,
+            sign_in_burst: DEFAULT_SIGN_IN_BURST,
+            sign_in_per_minute: DEFAULT_SIGN_IN_PER_MINUTE,
+            allowed_hosts: Vec::new(),
+        }
+    }
+}
+
+/// Answers a request whose body has not arrived whole within `timeout` of its headers with
+/// 408 (the handler reading it gets an error, and changes nothing).
+pub(super) async fn body_deadline(
+    State(timeout): State<Duration>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let expired = Arc::new(AtomicBool::new(false));
+    let request = request.map(|body| {
+        Body::new(DeadlineBody {
+            inner: body,
+            deadline: tokio::time::sleep(timeout),
+            expired: Arc::clone(&expired),
+        })
+    });
+    let response = next.run(request).await;
+    if expired.load(Ordering::Relaxed) {
+        tracing::info!("console request refused: its body did not arrive in time");
+        return view::error_page(
+            None,
+            StatusCode::REQUEST_TIMEOUT,
+            "Request timed out",
+            "The form did not arrive in time: nothing was changed. Try again.",
+        );
+    }
+    response
+}
+
+pin_project_lite::pin_project! {
+    /// A request body that fails once its deadline passes before it ends.
+    struct DeadlineBody {
+        #[pin]
+        inner: Body,
+        #[pin]
+        deadline: Sleep,
+        expired: Arc<AtomicBool>,
+    }
+}
+
+impl http_body::Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.project();
+        if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        match this.deadline.poll(cx) {
+            Poll::Ready(()) => {
+                this.expired.store(true, Ordering::Relaxed);
+                Poll::Ready(Some(Err(axum::Error::new("request body timed out"))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Sign-in attempts per peer.
+pub(super) struct SignInGate {
+    limiter: DefaultKeyedRateLimiter<IpAddr>,
+    max_bytes: usize,
+}
+
+/// Peers remembered by the sign-in rate limit before those back to a full burst are
+/// forgotten.
+const REMEMBERED_PEERS: usize = 10_000;
+
+impl SignInGate {
+    pub(super) fn new(limits: &ConsoleLimits) -> Self {
+        let per_minute = NonZeroU32::new(limits.sign_in_per_minute).unwrap_or(NonZeroU32::MIN);
+        let burst = NonZeroU32::new(limits.sign_in_burst).unwrap_or(NonZeroU32::MIN);
+        Self {
+            limiter: RateLimiter::keyed(Quota::per_minute(per_minute).allow_burst(burst)),
+            max_bytes: limits.sign_in_max_bytes,
+        }
+    }
+}
+
+/// Before a sign-in form is read: a peer past its sign-in rate gets 429 with `Retry-After`,
+/// a form declared larger than the sign-in limit 413; neither body is read. (A form sent
+/// without a length is cut at the same limit by the route's body limit.)
+pub(super) async fn sign_in_gate(
+    State(gate): State<Arc<SignInGate>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |info| info.0.ip());
+    let limiter = &gate.limiter;
+    if limiter.len() >= REMEMBERED_PEERS {
+        limiter.retain_recent();
+    }
+    if let Err(not_until) = limiter.check_key(&peer_key(peer)) {
+        let wait = not_until.wait_time_from(DefaultClock::default().now());
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        tracing::info!("console sign-in refused: too many attempts from one peer");
+        let mut response = view::error_page(
+            None,
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many sign-in attempts",
+            &format!(
+                "Too many sign-in attempts came from your address: nothing was checked. \
+                 Try again in {seconds} s."
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+        return response;
+    }
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > gate.max_bytes as u64) {
+        tracing::info!("console sign-in refused: form over the size limit");
+        return too_large();
+    }
+    next.run(request).await
+}
+
+/// The 413 page: nothing was read or changed.
+pub(super) fn too_large() -> Response {
+    view::error_page(
+        None,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "Request too large",
+        "The form is larger than the console accepts. Nothing was changed.",
+    )
+}
