@@ -23,7 +23,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -134,9 +133,9 @@ pub async fn serve_with_health(
         .limits
         .apply(tonic::transport::Server::builder())
         .layer(RpcTelemetryLayer::new(options.metrics.clone()))
-        .layer(limits::InFlightLayer::new(
-            options.limits.max_in_flight_requests,
-            options.limits.overload_retry_after,
+        .layer(limits::AdmissionLayer::new(
+            &options.limits,
+            options.auth.clone(),
         ));
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -182,9 +181,20 @@ pub async fn serve_with_health(
         .max_decoding_message_size(options.max_message_bytes);
     let health_only = health_listener.map(|listener| {
         let stop = CancellationToken::new();
-        let server = tonic::transport::Server::builder()
+        // The same transport limits, with budgets of its own: a flood on the journal's port
+        // never takes the probes' places here.
+        let server = options
+            .limits
+            .apply(tonic::transport::Server::builder())
+            .layer(limits::AdmissionLayer::new(
+                &options.limits,
+                Authenticator::disabled(),
+            ))
             .add_service(health.clone())
-            .serve_with_incoming_shutdown(incoming(listener), stop.clone().cancelled_owned());
+            .serve_with_incoming_shutdown(
+                limits::incoming(listener, &options.limits),
+                stop.clone().cancelled_owned(),
+            );
         (stop, tokio::spawn(server))
     });
     let router = builder
@@ -220,13 +230,6 @@ pub async fn serve_with_health(
     Ok(())
 }
 
-/// Accepted connections with `TCP_NODELAY`: an answer goes out in several small writes
-/// (headers, message, trailers), and with Nagle's algorithm on, the later ones wait for the
-/// client's delayed acknowledgement of the first, some 40 ms on Linux.
-fn incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
 async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
     reporter.set_service_status(READINESS, status).await;
     for service in SERVICES {
@@ -235,13 +238,16 @@ async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
 }
 
 /// Serves only gRPC health (for the reconcile worker): `""` and `liveness` SERVING,
-/// `readiness` following the database check, all NOT_SERVING once `shutdown` is cancelled.
+/// `readiness` following the database check, all NOT_SERVING once `shutdown` is cancelled;
+/// within `transport` (connections, per peer, timeouts, the health budget) like the server's
+/// ports.
 ///
 /// Errors: the transport fails to serve.
 pub async fn serve_health(
     store: Arc<dyn JournalStore>,
     listener: TcpListener,
     readiness_interval: Duration,
+    transport: TransportLimits,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -265,9 +271,14 @@ pub async fn serve_health(
                 .await;
         }
     };
-    let result = tonic::transport::Server::builder()
+    let result = transport
+        .apply(tonic::transport::Server::builder())
+        .layer(limits::AdmissionLayer::new(
+            &transport,
+            Authenticator::disabled(),
+        ))
         .add_service(health)
-        .serve_with_incoming_shutdown(incoming(listener), stopped)
+        .serve_with_incoming_shutdown(limits::incoming(listener, &transport), stopped)
         .await;
     readiness.abort();
     result?;
