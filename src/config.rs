@@ -144,7 +144,7 @@ pub struct Config {
     /// Seconds a connection may have no call open before it is closed; 0 never.
     pub max_connection_idle_seconds: f64,
     /// Seconds a call's request message may take to arrive in full; past it the call ends
-    /// with `CANCELLED`/`REQUEST_BODY_TIMEOUT`.
+    /// with `DEADLINE_EXCEEDED`/`REQUEST_BODY_TIMEOUT`.
     pub request_body_timeout_seconds: f64,
     /// Seconds between HTTP/2 PINGs on a connection; 0 sends none.
     pub http2_keepalive_interval_seconds: f64,

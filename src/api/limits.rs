@@ -37,9 +37,11 @@
 //! - **health calls** have a budget of their own, `max_health_streams` (a `Watch` holds its
 //!   place until the client ends it), at most `max_health_streams_per_peer` of one address:
 //!   a flood of journal calls never sheds a probe, and a flood of health watches cannot
-//!   grow the server.
+//!   grow the server. A peer's first two health calls are admitted even when the budget is
+//!   full ([`HEALTH_PLACES_PER_PEER_ALWAYS_GIVEN`]), so a prober on its own address is always
+//!   answered.
 //! - **request body**: a call whose request message has not arrived in full within
-//!   `request_body_timeout` ends with `CANCELLED`, `ErrorInfo` reason
+//!   `request_body_timeout` ends with `DEADLINE_EXCEEDED`, `ErrorInfo` reason
 //!   `REQUEST_BODY_TIMEOUT`, and gives its place back.
 
 use std::collections::HashMap;
@@ -192,12 +194,13 @@ pub fn overloaded(retry_after: Duration, limit: &str) -> tonic::Status {
     )
 }
 
-/// The `CANCELLED` answer of a call whose request message did not arrive in full within
-/// `request_body_timeout`: `ErrorInfo` reason `REQUEST_BODY_TIMEOUT` (metadata `limit`:
-/// `request_body_timeout_seconds`). The call was not served; nothing was done.
+/// The `DEADLINE_EXCEEDED` answer of a call whose request message did not arrive in full
+/// within `request_body_timeout`: `ErrorInfo` reason `REQUEST_BODY_TIMEOUT` (metadata
+/// `limit`: `request_body_timeout_seconds`). The call was not served; nothing was done.
+/// (Not `CANCELLED`: tonic reads a request body that fails with `CANCELLED` as its end.)
 pub fn request_body_timed_out() -> tonic::Status {
     tonic::Status::with_error_details(
-        Code::Cancelled,
+        Code::DeadlineExceeded,
         "the request did not arrive in full in time; nothing was done",
         ErrorDetails::with_error_info(
             ErrorReason::RequestBodyTimeout.as_str(),
@@ -209,6 +212,11 @@ pub fn request_body_timed_out() -> tonic::Status {
         ),
     )
 }
+
+/// Health calls of one peer admitted even when `max_health_streams` is reached, so that a
+/// prober (liveness and readiness at once) is answered whoever else fills the budget. Peers
+/// are at most the listener's connections, so this adds at most twice `max_connections`.
+pub const HEALTH_PLACES_PER_PEER_ALWAYS_GIVEN: usize = 2;
 
 /// The gRPC path prefix of the health service.
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
@@ -232,11 +240,13 @@ impl Holder {
     }
 }
 
-/// Places shared by holders: at most `total` at once, at most `per_holder` of one holder.
+/// Places shared by holders: at most `total` at once, at most `per_holder` of one holder;
+/// but a holder's first `always` places are given even when `total` is reached.
 #[derive(Debug)]
 struct Budget {
     total: usize,
     per_holder: usize,
+    always: usize,
     total_setting: &'static str,
     per_holder_setting: &'static str,
     held: Mutex<BudgetState>,
@@ -252,13 +262,16 @@ impl Budget {
     fn new(
         total: usize,
         per_holder: usize,
+        always: usize,
         total_setting: &'static str,
         per_holder_setting: &'static str,
     ) -> Arc<Self> {
         let total = total.max(1);
+        let per_holder = per_holder.clamp(1, total);
         Arc::new(Self {
             total,
-            per_holder: per_holder.clamp(1, total),
+            per_holder,
+            always: always.min(per_holder),
             total_setting,
             per_holder_setting,
             held: Mutex::default(),
@@ -272,10 +285,14 @@ impl Budget {
     /// A place for `holder`, or the setting that is reached.
     fn try_acquire(self: &Arc<Self>, holder: Holder) -> Result<Place, &'static str> {
         let mut held = self.lock();
-        if held.total >= self.total {
+        let full = held.total >= self.total;
+        let count = held.by_holder.entry(holder.clone()).or_default();
+        if full && *count >= self.always {
+            if *count == 0 {
+                held.by_holder.remove(&holder);
+            }
             return Err(self.total_setting);
         }
-        let count = held.by_holder.entry(holder.clone()).or_default();
         if *count >= self.per_holder {
             return Err(self.per_holder_setting);
         }
@@ -332,12 +349,14 @@ impl AdmissionLayer {
             calls: Budget::new(
                 limits.max_in_flight_requests,
                 limits.max_in_flight_requests_per_caller,
+                0,
                 "max_in_flight_requests",
                 "max_in_flight_requests_per_caller",
             ),
             health: Budget::new(
                 limits.max_health_streams,
                 limits.max_health_streams_per_peer,
+                HEALTH_PLACES_PER_PEER_ALWAYS_GIVEN,
                 "max_health_streams",
                 "max_health_streams_per_peer",
             ),
@@ -991,7 +1010,7 @@ mod tests {
 
     #[test]
     fn one_holder_gets_its_share_and_another_still_fits() {
-        let budget = Budget::new(4, 2, "total", "per_holder");
+        let budget = Budget::new(4, 2, 0, "total", "per_holder");
         let a = Holder::Principal(Arc::from("a"));
         let b = Holder::Peer(IpAddr::from([127, 0, 0, 1]));
         let first = budget.try_acquire(a.clone()).unwrap();
@@ -1003,7 +1022,21 @@ mod tests {
         drop(first);
         let _again = budget.try_acquire(a).unwrap();
         // A share above the total is the total.
-        assert_eq!(Budget::new(2, 10, "t", "p").per_holder, 2);
+        assert_eq!(Budget::new(2, 10, 0, "t", "p").per_holder, 2);
+    }
+
+    #[test]
+    fn a_holder_s_first_places_are_given_even_when_the_budget_is_full() {
+        let budget = Budget::new(2, 2, 1, "total", "per_holder");
+        let a = Holder::Peer(IpAddr::from([127, 0, 0, 2]));
+        let b = Holder::Peer(IpAddr::from([127, 0, 0, 3]));
+        let _a = (budget.try_acquire(a.clone()), budget.try_acquire(a));
+        let b1 = budget.try_acquire(b.clone()).unwrap();
+        assert_eq!(budget.try_acquire(b.clone()).unwrap_err(), "total");
+        drop(b1);
+        let c = Holder::Peer(IpAddr::from([127, 0, 0, 4]));
+        let _c = budget.try_acquire(c).unwrap();
+        assert_eq!(budget.lock().by_holder.len(), 2);
     }
 
     #[test]

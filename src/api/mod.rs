@@ -46,6 +46,10 @@ pub use crate::proto::SERVICES;
 /// drained.
 const HEALTH_STOP_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Largest request message of health and reflection, in bytes: a service or symbol name,
+/// not tonic's default of 4 MiB per held call.
+const SMALL_REQUEST_BYTES: usize = 16 * 1024;
+
 /// Largest request message the server decodes by default, in bytes (1 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
@@ -138,6 +142,7 @@ pub async fn serve_with_health(
             options.auth.clone(),
         ));
     let (reporter, health) = tonic_health::server::health_reporter();
+    let health = health.max_decoding_message_size(SMALL_REQUEST_BYTES);
     reporter
         .set_service_status(LIVENESS, ServingStatus::Serving)
         .await;
@@ -151,8 +156,12 @@ pub async fn serve_with_health(
     ));
 
     let descriptors = reflection::served_descriptors()?;
-    let reflection_v1 = reflection::builder(&descriptors).build_v1()?;
-    let reflection_v1alpha = reflection::builder(&descriptors).build_v1alpha()?;
+    let reflection_v1 = reflection::builder(&descriptors)
+        .build_v1()?
+        .max_decoding_message_size(SMALL_REQUEST_BYTES);
+    let reflection_v1alpha = reflection::builder(&descriptors)
+        .build_v1alpha()?
+        .max_decoding_message_size(SMALL_REQUEST_BYTES);
 
     let reload_stop = shutdown.clone();
     let stop_reporter = reporter.clone();
@@ -251,6 +260,7 @@ pub async fn serve_health(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let (reporter, health) = tonic_health::server::health_reporter();
+    let health = health.max_decoding_message_size(SMALL_REQUEST_BYTES);
     reporter
         .set_service_status(LIVENESS, ServingStatus::Serving)
         .await;

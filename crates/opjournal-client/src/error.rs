@@ -213,7 +213,7 @@ pub enum ErrorReason {
     /// (`max_in_flight_requests`); nothing was done. Repeat the same call after the
     /// `RetryInfo` delay.
     ServerOverloaded,
-    /// `CANCELLED`: the request's message did not arrive in full within the server's
+    /// `DEADLINE_EXCEEDED`: the request's message did not arrive in full within the server's
     /// `request_body_timeout_seconds`; the call was not served, nothing was done. Repeat it.
     RequestBodyTimeout,
     /// No `ErrorInfo`: the call failed in transport (unreachable server, no answer within
