@@ -575,7 +575,10 @@ impl Config {
 
     fn validate_transport(&self) -> Result<(), ConfigError> {
         for (name, value) in [
-            ("max_concurrent_streams", self.max_concurrent_streams as usize),
+            (
+                "max_concurrent_streams",
+                self.max_concurrent_streams as usize,
+            ),
             ("max_in_flight_requests", self.max_in_flight_requests),
             (
                 "max_in_flight_requests_per_caller",

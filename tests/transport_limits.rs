@@ -495,7 +495,10 @@ async fn health_watches_are_bounded(addr: SocketAddr, other: impl AsyncFn()) {
             break;
         }
         attempts += 1;
-        assert!(attempts < 200, "the places were not given back: {refused:?}");
+        assert!(
+            attempts < 200,
+            "the places were not given back: {refused:?}"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -740,7 +743,8 @@ fn tenants() -> opjournal::api::Authenticator {
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("opjournal.toml");
-    let toml = entry("tenant-a-agent", TOKEN_A, "tenant-a") + &entry("tenant-b-agent", TOKEN_B, "tenant-b");
+    let toml = entry("tenant-a-agent", TOKEN_A, "tenant-a")
+        + &entry("tenant-b-agent", TOKEN_B, "tenant-b");
     std::fs::write(&path, toml).unwrap();
     let config = opjournal::config::Config::load(Some(&path), serde_json::json!({})).unwrap();
     opjournal::api::Authenticator::new(config.token_registry().unwrap())
@@ -786,7 +790,11 @@ async fn one_tenant_holding_header_only_begins_cannot_block_another_and_its_call
         ..Default::default()
     });
     request.set_timeout(Duration::from_secs(5));
-    let answer = app.journal_as(TOKEN_B).begin_operation(request).await.unwrap();
+    let answer = app
+        .journal_as(TOKEN_B)
+        .begin_operation(request)
+        .await
+        .unwrap();
     assert_eq!(decision(&answer.into_inner()), proto::Decision::Execute);
     // Tenant A had its share; the rest of its calls were shed at once, and every held one
     // ends with a clear status once the body timeout passes.
@@ -823,7 +831,10 @@ async fn one_tenant_holding_header_only_begins_cannot_block_another_and_its_call
         ..Default::default()
     });
     request.set_timeout(Duration::from_secs(5));
-    app.journal_as(TOKEN_A).begin_operation(request).await.unwrap();
+    app.journal_as(TOKEN_A)
+        .begin_operation(request)
+        .await
+        .unwrap();
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_operations")
         .fetch_one(app.pool())
         .await

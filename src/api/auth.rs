@@ -101,7 +101,10 @@ impl Interceptor for Authenticator {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         // Already authenticated by the server's admission layer (which only ever inserts a
         // principal its own authenticator, this one, accepted).
-        if matches!(request.extensions().get::<Caller>(), Some(Caller::Principal(_))) {
+        if matches!(
+            request.extensions().get::<Caller>(),
+            Some(Caller::Principal(_))
+        ) {
             return Ok(request);
         }
         match self.authenticate(request.metadata()) {

@@ -54,7 +54,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tonic::codegen::Bytes;
 use futures::Stream;
 use futures::task::AtomicWaker;
 use http_body::{Frame, SizeHint};
@@ -63,6 +62,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, Sleep};
 use tonic::Code;
+use tonic::codegen::Bytes;
 use tonic::transport::server::{Connected, TlsConnectInfo};
 use tonic_types::{ErrorDetails, StatusExt as _};
 use tower::{Layer, Service};
@@ -279,7 +279,9 @@ impl Budget {
     }
 
     fn lock(&self) -> MutexGuard<'_, BudgetState> {
-        self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// A place for `holder`, or the setting that is reached.
@@ -435,8 +437,8 @@ where
             }
         };
         let deadline = Instant::now() + self.layer.body_timeout;
-        let request = request
-            .map(|body| tonic::body::Body::new(RequestDeadline::new(body, deadline, until)));
+        let request =
+            request.map(|body| tonic::body::Body::new(RequestDeadline::new(body, deadline, until)));
         let answer = self.inner.call(request);
         Box::pin(async move {
             let response = answer.await?;
@@ -855,7 +857,9 @@ impl LimitedIo {
     ) -> io::Result<()> {
         state.waker.register(cx.waker());
         if state.evicted.load(Ordering::Acquire) {
-            return Err(closed("pushed out by a newer connection: the server was full"));
+            return Err(closed(
+                "pushed out by a newer connection: the server was full",
+            ));
         }
         if let Some(sleep) = close_at
             && sleep.as_mut().poll(cx).is_ready()
@@ -1046,7 +1050,11 @@ mod tests {
         assert!(!first_message_complete(&mut prefix, &mut seen, &[0, 3, 1]));
         assert!(first_message_complete(&mut prefix, &mut seen, &[2, 3]));
         let (mut prefix, mut seen) = (Vec::new(), 0);
-        assert!(first_message_complete(&mut prefix, &mut seen, &[0, 0, 0, 0, 0]));
+        assert!(first_message_complete(
+            &mut prefix,
+            &mut seen,
+            &[0, 0, 0, 0, 0]
+        ));
     }
 
     fn state(accepted: Instant) -> Arc<ConnectionState> {

@@ -335,11 +335,8 @@ async fn hold_watches(
         };
         tasks.push(tokio::spawn(async move {
             let mut outcomes = Outcomes::default();
-            let Ok(Ok((client, connection))) = tokio::time::timeout(
-                Duration::from_secs(10),
-                h2::client::handshake(tcp),
-            )
-            .await
+            let Ok(Ok((client, connection))) =
+                tokio::time::timeout(Duration::from_secs(10), h2::client::handshake(tcp)).await
             else {
                 outcomes.add("connection closed before HTTP/2");
                 return outcomes;
@@ -356,8 +353,7 @@ async fn hold_watches(
                 };
                 match client.send_request(request, false) {
                     Ok((response, mut stream)) => {
-                        let _ = stream
-                            .send_data(Bytes::from_static(&EMPTY_MESSAGE_FRAME), true);
+                        let _ = stream.send_data(Bytes::from_static(&EMPTY_MESSAGE_FRAME), true);
                         opened.push(response);
                     }
                     Err(_) => {
@@ -496,8 +492,7 @@ async fn hold_header_only(
     let mut clients = Vec::new();
     let per_connection = streams.div_ceil(connections.max(1));
     for _ in 0..connections.max(1) {
-        let (client, connection) =
-            h2::client::handshake(connect_from(0, addr).await?).await?;
+        let (client, connection) = h2::client::handshake(connect_from(0, addr).await?).await?;
         drivers.push(tokio::spawn(connection));
         for _ in 0..per_connection {
             if pending.len() == streams {
@@ -612,12 +607,12 @@ async fn other_client(
                 .metadata_mut()
                 .insert("authorization", format!("Bearer {token}").parse()?);
         }
-        match tokio::time::timeout(Duration::from_secs(5), client.begin_operation(request)).await
-        {
+        match tokio::time::timeout(Duration::from_secs(5), client.begin_operation(request)).await {
             Ok(Ok(_)) => latencies.record(u64::try_from(started.elapsed().as_micros())?)?,
             Ok(Err(status)) => {
                 failed += 1;
-                first_error.get_or_insert_with(|| format!("{:?}: {}", status.code(), status.message()));
+                first_error
+                    .get_or_insert_with(|| format!("{:?}: {}", status.code(), status.message()));
             }
             Err(_) => {
                 failed += 1;
@@ -730,10 +725,7 @@ async fn main() -> anyhow::Result<()> {
     let addr: SocketAddr = address.parse()?;
     let pid = server.id().context("the server exited")?;
     let other = OtherCaller {
-        url: format!(
-            "{}://{addr}",
-            if tls.is_some() { "https" } else { "http" }
-        ),
+        url: format!("{}://{addr}", if tls.is_some() { "https" } else { "http" }),
         tls: tls.as_ref().map(|(client, _)| client.clone()),
         token: (args.attack == Attack::Tenant).then(|| TOKEN_OTHER.to_owned()),
         namespace: if args.attack == Attack::Tenant {
@@ -773,16 +765,28 @@ async fn main() -> anyhow::Result<()> {
         match args.attack {
             Attack::Streams => format!(
                 "{streams} streams on one connection, client {} the stream limit",
-                if args.ignore_limit { "ignores" } else { "honours" }
+                if args.ignore_limit {
+                    "ignores"
+                } else {
+                    "honours"
+                }
             ),
             Attack::HealthWatch => format!(
                 "{connections} connections x {} Watch streams on the {} port",
                 args.watches,
-                if health_addr.is_some() { "health" } else { "journal's" }
+                if health_addr.is_some() {
+                    "health"
+                } else {
+                    "journal's"
+                }
             ),
             Attack::Idle => format!(
                 "{connections} silent connections{}",
-                if tls.is_some() { " after a TLS handshake" } else { "" }
+                if tls.is_some() {
+                    " after a TLS handshake"
+                } else {
+                    ""
+                }
             ),
             Attack::Tenant => format!(
                 "{streams} header-only Begins with one tenant's token on {connections} connections; the other caller has another tenant's token"
