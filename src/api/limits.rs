@@ -129,6 +129,10 @@ pub const DEFAULT_MAX_HEALTH_STREAMS: usize = 128;
 pub const DEFAULT_MAX_HEALTH_STREAMS_PER_PEER: usize = 16;
 /// Default connections open at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Most connections of a health-only listener.
+pub const HEALTH_LISTENER_MAX_CONNECTIONS: usize = 128;
+/// Most streams per connection of a health-only listener.
+pub const HEALTH_LISTENER_MAX_STREAMS: u32 = 16;
 /// Default connections open at once from one address.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 256;
 
@@ -168,6 +172,24 @@ impl TransportLimits {
         match self.max_connection_age {
             Some(age) => builder.max_connection_age(age),
             None => builder,
+        }
+    }
+
+    /// The limits of a listener that serves health alone (`health_listen`, the reconcile
+    /// worker's health port): the same, with at most [`HEALTH_LISTENER_MAX_CONNECTIONS`]
+    /// connections, a quarter of them per peer, and [`HEALTH_LISTENER_MAX_STREAMS`] streams
+    /// per connection. Probes open one connection and one call at a time, and a silent
+    /// connection is pushed out by the next one, so a few connections serve every prober
+    /// and keep the port's memory to a few MiB.
+    pub fn health_only(&self) -> Self {
+        let max_connections = self.max_connections.min(HEALTH_LISTENER_MAX_CONNECTIONS);
+        Self {
+            max_connections,
+            max_connections_per_peer: self
+                .max_connections_per_peer
+                .min((max_connections / 4).max(1)),
+            max_concurrent_streams: self.max_concurrent_streams.min(HEALTH_LISTENER_MAX_STREAMS),
+            ..self.clone()
         }
     }
 
@@ -1010,6 +1032,27 @@ mod tests {
             ..TransportLimits::default()
         };
         assert_eq!(no_grace.close_after(), None);
+    }
+
+    #[test]
+    fn a_health_only_listener_keeps_few_connections_and_streams() {
+        let health = TransportLimits::default().health_only();
+        assert_eq!(health.max_connections, HEALTH_LISTENER_MAX_CONNECTIONS);
+        assert_eq!(health.max_connections_per_peer, 32);
+        assert_eq!(health.max_concurrent_streams, HEALTH_LISTENER_MAX_STREAMS);
+        assert_eq!(
+            health.first_request_timeout,
+            TransportLimits::default().first_request_timeout
+        );
+        let small = TransportLimits {
+            max_connections: 2,
+            ..TransportLimits::default()
+        }
+        .health_only();
+        assert_eq!(
+            (small.max_connections, small.max_connections_per_peer),
+            (2, 1)
+        );
     }
 
     #[test]

@@ -192,16 +192,16 @@ pub async fn serve_with_health(
         let stop = CancellationToken::new();
         // The same transport limits, with budgets of its own: a flood on the journal's port
         // never takes the probes' places here.
-        let server = options
-            .limits
+        let transport = options.limits.health_only();
+        let server = transport
             .apply(tonic::transport::Server::builder())
             .layer(limits::AdmissionLayer::new(
-                &options.limits,
+                &transport,
                 Authenticator::disabled(),
             ))
             .add_service(health.clone())
             .serve_with_incoming_shutdown(
-                limits::incoming(listener, &options.limits),
+                limits::incoming(listener, &transport),
                 stop.clone().cancelled_owned(),
             );
         (stop, tokio::spawn(server))
@@ -248,7 +248,7 @@ async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
 
 /// Serves only gRPC health (for the reconcile worker): `""` and `liveness` SERVING,
 /// `readiness` following the database check, all NOT_SERVING once `shutdown` is cancelled;
-/// within `transport` (connections, per peer, timeouts, the health budget) like the server's
+/// within `transport`'s [`TransportLimits::health_only`] (connections, per peer, timeouts, the health budget) like the server's
 /// ports.
 ///
 /// Errors: the transport fails to serve.
@@ -281,6 +281,7 @@ pub async fn serve_health(
                 .await;
         }
     };
+    let transport = transport.health_only();
     let result = transport
         .apply(tonic::transport::Server::builder())
         .layer(limits::AdmissionLayer::new(
