@@ -153,8 +153,25 @@ pub struct Config {
     /// Calls served at once over all connections; one more is answered
     /// `RESOURCE_EXHAUSTED`/`SERVER_OVERLOADED` with a `RetryInfo`.
     pub max_in_flight_requests: usize,
-    /// gRPC connections open at once; past it the server accepts no more until one closes.
+    /// Calls in flight one caller may hold (a token's principal; the peer's address without
+    /// a valid token); at most `max_in_flight_requests`.
+    pub max_in_flight_requests_per_caller: usize,
+    /// Health calls served at once per listener (a `Watch` holds its place while open).
+    pub max_health_streams: usize,
+    /// Health calls served at once from one peer address, per listener.
+    pub max_health_streams_per_peer: usize,
+    /// gRPC connections open at once per listener; past it a new connection pushes out the
+    /// idlest one, or is closed at once.
     pub max_grpc_connections: usize,
+    /// gRPC connections open at once from one peer address, per listener.
+    pub max_grpc_connections_per_peer: usize,
+    /// Seconds a new connection may take to send its first request (TLS handshake included).
+    pub first_request_timeout_seconds: f64,
+    /// Seconds a connection may have no call open before it is closed; 0 never.
+    pub max_connection_idle_seconds: f64,
+    /// Seconds a call's request message may take to arrive in full; past it the call ends
+    /// with `DEADLINE_EXCEEDED`/`REQUEST_BODY_TIMEOUT`.
+    pub request_body_timeout_seconds: f64,
     /// Seconds between HTTP/2 PINGs on a connection; 0 sends none.
     pub http2_keepalive_interval_seconds: f64,
     /// Seconds an unanswered PING waits before the connection is closed.
@@ -362,7 +379,14 @@ impl Default for Config {
             max_concurrent_streams: transport.max_concurrent_streams,
             max_header_list_bytes: transport.max_header_list_bytes,
             max_in_flight_requests: transport.max_in_flight_requests,
+            max_in_flight_requests_per_caller: transport.max_in_flight_requests_per_caller,
+            max_health_streams: transport.max_health_streams,
+            max_health_streams_per_peer: transport.max_health_streams_per_peer,
             max_grpc_connections: transport.max_connections,
+            max_grpc_connections_per_peer: transport.max_connections_per_peer,
+            first_request_timeout_seconds: transport.first_request_timeout.as_secs_f64(),
+            max_connection_idle_seconds: seconds_or_zero(transport.max_connection_idle),
+            request_body_timeout_seconds: transport.request_body_timeout.as_secs_f64(),
             http2_keepalive_interval_seconds: seconds_or_zero(transport.http2_keepalive_interval),
             http2_keepalive_timeout_seconds: transport.http2_keepalive_timeout.as_secs_f64(),
             max_connection_age_seconds: seconds_or_zero(transport.max_connection_age),
@@ -601,15 +625,30 @@ impl Config {
     }
 
     fn validate_transport(&self) -> Result<(), ConfigError> {
-        if self.max_concurrent_streams == 0
-            || self.max_in_flight_requests == 0
-            || self.max_grpc_connections == 0
-        {
-            return Err(ConfigError(
-                "max_concurrent_streams, max_in_flight_requests, max_grpc_connections: must be at \
-                 least 1"
-                    .into(),
-            ));
+        for (name, value) in [
+            (
+                "max_concurrent_streams",
+                self.max_concurrent_streams as usize,
+            ),
+            ("max_in_flight_requests", self.max_in_flight_requests),
+            (
+                "max_in_flight_requests_per_caller",
+                self.max_in_flight_requests_per_caller,
+            ),
+            ("max_health_streams", self.max_health_streams),
+            (
+                "max_health_streams_per_peer",
+                self.max_health_streams_per_peer,
+            ),
+            ("max_grpc_connections", self.max_grpc_connections),
+            (
+                "max_grpc_connections_per_peer",
+                self.max_grpc_connections_per_peer,
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError(format!("{name}: must be at least 1")));
+            }
         }
         if self.max_header_list_bytes < MIN_HEADER_LIST_BYTES {
             return Err(ConfigError(format!(
@@ -630,6 +669,10 @@ impl Config {
                 "max_connection_age_grace_seconds",
                 self.max_connection_age_grace_seconds,
             ),
+            (
+                "max_connection_idle_seconds",
+                self.max_connection_idle_seconds,
+            ),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(ConfigError(format!(
@@ -637,12 +680,25 @@ impl Config {
                 )));
             }
         }
-        if !(self.http2_keepalive_timeout_seconds.is_finite()
-            && self.http2_keepalive_timeout_seconds > 0.0)
-        {
-            return Err(ConfigError(
-                "http2_keepalive_timeout_seconds: must be a positive number of seconds".into(),
-            ));
+        for (name, value) in [
+            (
+                "http2_keepalive_timeout_seconds",
+                self.http2_keepalive_timeout_seconds,
+            ),
+            (
+                "first_request_timeout_seconds",
+                self.first_request_timeout_seconds,
+            ),
+            (
+                "request_body_timeout_seconds",
+                self.request_body_timeout_seconds,
+            ),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(ConfigError(format!(
+                    "{name}: must be a positive number of seconds"
+                )));
+            }
         }
         Ok(())
     }
@@ -653,7 +709,14 @@ impl Config {
             max_concurrent_streams: self.max_concurrent_streams,
             max_header_list_bytes: self.max_header_list_bytes,
             max_in_flight_requests: self.max_in_flight_requests,
+            max_in_flight_requests_per_caller: self.max_in_flight_requests_per_caller,
+            max_health_streams: self.max_health_streams,
+            max_health_streams_per_peer: self.max_health_streams_per_peer,
             max_connections: self.max_grpc_connections,
+            max_connections_per_peer: self.max_grpc_connections_per_peer,
+            first_request_timeout: Config::seconds(self.first_request_timeout_seconds),
+            max_connection_idle: zero_is_none(self.max_connection_idle_seconds),
+            request_body_timeout: Config::seconds(self.request_body_timeout_seconds),
             http2_keepalive_interval: zero_is_none(self.http2_keepalive_interval_seconds),
             http2_keepalive_timeout: Config::seconds(self.http2_keepalive_timeout_seconds),
             max_connection_age: zero_is_none(self.max_connection_age_seconds),
@@ -1101,11 +1164,44 @@ mod tests {
             "max_header_list_bytes = 100",
             "max_connection_age_seconds = -1",
             "http2_keepalive_timeout_seconds = 0",
+            "max_in_flight_requests_per_caller = 0",
+            "max_health_streams = 0",
+            "max_health_streams_per_peer = 0",
+            "max_grpc_connections_per_peer = 0",
+            "first_request_timeout_seconds = 0",
+            "request_body_timeout_seconds = -1",
+            "max_connection_idle_seconds = -1",
         ] {
             let err = load(&format!("{bad}\n")).unwrap_err().to_string();
             let key = bad.split(' ').next().unwrap();
             assert!(err.contains(key), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn connection_and_admission_limits_are_read() {
+        let config = load(
+            "max_in_flight_requests_per_caller = 3
+max_health_streams = 5
+\
+             max_health_streams_per_peer = 2
+max_grpc_connections_per_peer = 4
+\
+             first_request_timeout_seconds = 1.5
+max_connection_idle_seconds = 0
+\
+             request_body_timeout_seconds = 2
+",
+        )
+        .unwrap();
+        let limits = config.transport_limits();
+        assert_eq!(limits.max_in_flight_requests_per_caller, 3);
+        assert_eq!(limits.max_health_streams, 5);
+        assert_eq!(limits.max_health_streams_per_peer, 2);
+        assert_eq!(limits.max_connections_per_peer, 4);
+        assert_eq!(limits.first_request_timeout, Duration::from_millis(1500));
+        assert_eq!(limits.max_connection_idle, None);
+        assert_eq!(limits.request_body_timeout, Duration::from_secs(2));
     }
 
     #[test]

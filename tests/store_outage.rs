@@ -163,6 +163,7 @@ async fn the_reconcile_workers_readiness_and_polls_recover_without_a_restart(poo
         store,
         listener,
         std::time::Duration::from_millis(200),
+        opjournal::api::TransportLimits::default(),
         shutdown.clone(),
     ));
     wait_health(health, "readiness", ServingStatus::Serving as i32).await;

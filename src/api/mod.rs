@@ -23,7 +23,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -46,6 +45,10 @@ pub use crate::proto::SERVICES;
 /// Longest wait for the health-only listener's open calls once the journal's listener has
 /// drained.
 const HEALTH_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Largest request message of health and reflection, in bytes: a service or symbol name,
+/// not tonic's default of 4 MiB per held call.
+const SMALL_REQUEST_BYTES: usize = 16 * 1024;
 
 /// Largest request message the server decodes by default, in bytes (1 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
@@ -134,11 +137,12 @@ pub async fn serve_with_health(
         .limits
         .apply(tonic::transport::Server::builder())
         .layer(RpcTelemetryLayer::new(options.metrics.clone()))
-        .layer(limits::InFlightLayer::new(
-            options.limits.max_in_flight_requests,
-            options.limits.overload_retry_after,
+        .layer(limits::AdmissionLayer::new(
+            &options.limits,
+            options.auth.clone(),
         ));
     let (reporter, health) = tonic_health::server::health_reporter();
+    let health = health.max_decoding_message_size(SMALL_REQUEST_BYTES);
     reporter
         .set_service_status(LIVENESS, ServingStatus::Serving)
         .await;
@@ -152,8 +156,12 @@ pub async fn serve_with_health(
     ));
 
     let descriptors = reflection::served_descriptors()?;
-    let reflection_v1 = reflection::builder(&descriptors).build_v1()?;
-    let reflection_v1alpha = reflection::builder(&descriptors).build_v1alpha()?;
+    let reflection_v1 = reflection::builder(&descriptors)
+        .build_v1()?
+        .max_decoding_message_size(SMALL_REQUEST_BYTES);
+    let reflection_v1alpha = reflection::builder(&descriptors)
+        .build_v1alpha()?
+        .max_decoding_message_size(SMALL_REQUEST_BYTES);
 
     let reload_stop = shutdown.clone();
     let stop_reporter = reporter.clone();
@@ -182,9 +190,20 @@ pub async fn serve_with_health(
         .max_decoding_message_size(options.max_message_bytes);
     let health_only = health_listener.map(|listener| {
         let stop = CancellationToken::new();
-        let server = tonic::transport::Server::builder()
+        // The same transport limits, with budgets of its own: a flood on the journal's port
+        // never takes the probes' places here.
+        let transport = options.limits.health_only();
+        let server = transport
+            .apply(tonic::transport::Server::builder())
+            .layer(limits::AdmissionLayer::new(
+                &transport,
+                Authenticator::disabled(),
+            ))
             .add_service(health.clone())
-            .serve_with_incoming_shutdown(incoming(listener), stop.clone().cancelled_owned());
+            .serve_with_incoming_shutdown(
+                limits::incoming(listener, &transport),
+                stop.clone().cancelled_owned(),
+            );
         (stop, tokio::spawn(server))
     });
     let router = builder
@@ -220,13 +239,6 @@ pub async fn serve_with_health(
     Ok(())
 }
 
-/// Accepted connections with `TCP_NODELAY`: an answer goes out in several small writes
-/// (headers, message, trailers), and with Nagle's algorithm on, the later ones wait for the
-/// client's delayed acknowledgement of the first, some 40 ms on Linux.
-fn incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
 async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
     reporter.set_service_status(READINESS, status).await;
     for service in SERVICES {
@@ -235,16 +247,20 @@ async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
 }
 
 /// Serves only gRPC health (for the reconcile worker): `""` and `liveness` SERVING,
-/// `readiness` following the database check, all NOT_SERVING once `shutdown` is cancelled.
+/// `readiness` following the database check, all NOT_SERVING once `shutdown` is cancelled;
+/// within `transport`'s [`TransportLimits::health_only`] (connections, per peer, timeouts, the health budget) like the server's
+/// ports.
 ///
 /// Errors: the transport fails to serve.
 pub async fn serve_health(
     store: Arc<dyn JournalStore>,
     listener: TcpListener,
     readiness_interval: Duration,
+    transport: TransportLimits,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let (reporter, health) = tonic_health::server::health_reporter();
+    let health = health.max_decoding_message_size(SMALL_REQUEST_BYTES);
     reporter
         .set_service_status(LIVENESS, ServingStatus::Serving)
         .await;
@@ -265,9 +281,15 @@ pub async fn serve_health(
                 .await;
         }
     };
-    let result = tonic::transport::Server::builder()
+    let transport = transport.health_only();
+    let result = transport
+        .apply(tonic::transport::Server::builder())
+        .layer(limits::AdmissionLayer::new(
+            &transport,
+            Authenticator::disabled(),
+        ))
         .add_service(health)
-        .serve_with_incoming_shutdown(incoming(listener), stopped)
+        .serve_with_incoming_shutdown(limits::incoming(listener, &transport), stopped)
         .await;
     readiness.abort();
     result?;

@@ -115,6 +115,7 @@ async fn run(cli: &Cli, config: &Config, telemetry: &Telemetry) -> anyhow::Resul
             store.clone(),
             listener,
             Config::seconds(config.readiness_interval_seconds),
+            config.transport_limits(),
             shutdown.clone(),
         ));
         let sampler = tokio::spawn(telemetry.metrics().clone().run_backlog_sampler(

@@ -231,6 +231,9 @@ pub enum ErrorReason {
     /// (`max_in_flight_requests`); nothing was done. Repeat the same call after the
     /// `RetryInfo` delay.
     ServerOverloaded,
+    /// `DEADLINE_EXCEEDED`: the request's message did not arrive in full within the server's
+    /// `request_body_timeout_seconds`; the call was not served, nothing was done. Repeat it.
+    RequestBodyTimeout,
     /// No `ErrorInfo`: the call failed in transport (unreachable server, no answer within
     /// the deadline, oversized message).
     Transport,
@@ -239,7 +242,7 @@ pub enum ErrorReason {
 }
 
 impl ErrorReason {
-    const NAMED: [(&'static str, ErrorReason); 39] = [
+    const NAMED: [(&'static str, ErrorReason); 40] = [
         ("IDEMPOTENCY_KEY_REUSED", Self::IdempotencyKeyReused),
         ("LEASE_LOST", Self::LeaseLost),
         ("CONCURRENT_MODIFICATION", Self::ConcurrentModification),
@@ -282,6 +285,7 @@ impl ErrorReason {
         ("INVALID_ATTEMPT_ID", Self::InvalidAttemptId),
         ("SERVER_OVERLOADED", Self::ServerOverloaded),
         ("LEASE_EXPIRED_BEFORE_CALL", Self::LeaseExpiredBeforeCall),
+        ("REQUEST_BODY_TIMEOUT", Self::RequestBodyTimeout),
     ];
 
     /// The reason as sent on the wire (`TRANSPORT` when there was no `ErrorInfo`).

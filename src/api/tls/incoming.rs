@@ -60,8 +60,9 @@ async fn accept_loop(
 }
 
 /// Connections from `accepted` (the gRPC port's bounded accept loop,
-/// [`crate::api::limits::incoming`], which keeps its own connection count and age), after
-/// their handshake under `tls`. The loop runs until the returned stream is dropped.
+/// [`crate::api::limits::incoming`], which keeps its own connection counts, age and
+/// first-request timeout: a handshake is bounded by that timeout too), after their
+/// handshake under `tls`. The loop runs until the returned stream is dropped.
 pub fn incoming_from<IO>(
     accepted: impl Stream<Item = io::Result<IO>> + Send + 'static,
     tls: ServerTls,
