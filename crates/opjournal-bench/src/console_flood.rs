@@ -200,7 +200,7 @@ async fn flood_round(
     console: SocketAddr,
     addr: SocketAddr,
     pid: u32,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<(f64, f64, usize)> {
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = tokio::spawn({
         let sampling = sampling.clone();
@@ -263,7 +263,7 @@ async fn flood_round(
         ms(0.99),
         latencies.max() as f64 / 1000.0
     );
-    Ok((peak, after))
+    Ok((peak, after, errors))
 }
 
 #[tokio::main]
@@ -331,9 +331,11 @@ async fn main() -> anyhow::Result<()> {
 
     let mut peak_overall = baseline;
     let mut last_after = baseline;
+    let mut caller_errors = 0;
     for round in 1..=args.rounds {
         println!("round {round}:");
-        let (peak, after) = flood_round(&args, console, addr, pid).await?;
+        let (peak, after, errors) = flood_round(&args, console, addr, pid).await?;
+        caller_errors += errors;
         println!(
             "  RSS: peak {peak:.1} MiB ({:+.1}), after close {after:.1} MiB ({:+.1})",
             peak - baseline,
@@ -349,5 +351,8 @@ async fn main() -> anyhow::Result<()> {
         last_after - baseline
     );
     server.stop().await;
+    if caller_errors > 0 {
+        bail!("the gRPC caller failed {caller_errors} times during the flood");
+    }
     Ok(())
 }

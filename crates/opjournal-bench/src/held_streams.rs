@@ -805,6 +805,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let mut peak_overall = baseline;
     let mut last_after = baseline;
+    let mut other_errors = 0;
     for round in 1..=args.rounds {
         let stop = Arc::new(AtomicBool::new(false));
         let other_task = tokio::spawn(other_client(
@@ -853,6 +854,7 @@ async fn main() -> anyhow::Result<()> {
         };
         stop.store(true, Ordering::SeqCst);
         let (latencies, errors, first_error) = other_task.await??;
+        other_errors += errors;
         tokio::time::sleep(Duration::from_secs_f64(args.settle)).await;
         sampling.store(false, Ordering::SeqCst);
         let (peak, peak_fds) = sampler.await?;
@@ -876,5 +878,8 @@ async fn main() -> anyhow::Result<()> {
         last_after - baseline
     );
     server.stop().await;
+    if other_errors > 0 {
+        bail!("the other caller was refused {other_errors} times during the attack");
+    }
     Ok(())
 }
