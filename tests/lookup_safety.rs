@@ -98,7 +98,7 @@ async fn history(app: &TestApp, key: &str) -> Vec<String> {
 }
 
 /// What the last worker lookup of `key` in `namespace` saw and did, as recorded on the row
-/// (`last_reason`; the history gets an entry when the status or review state changes).
+/// (`last_reason`; the history gets an entry when it changes).
 async fn last_reason(app: &TestApp, namespace: &str, key: &str) -> String {
     let namespace = if namespace.is_empty() {
         "default"
@@ -213,6 +213,13 @@ async fn a_redirect_to_another_origin_is_a_failed_lookup_and_carries_no_secret(p
         last_reason(&app, "", PAYMENT_KEY).await,
         "lookup_failed:redirect_302"
     );
+    // The history says what the lookup met, though the status stayed unknown.
+    let first = history(&app, PAYMENT_KEY).await;
+    assert_eq!(
+        first.last().unwrap(),
+        "lookup_failed:redirect_302",
+        "{first:?}"
+    );
 
     let again = app
         .begin(PAYMENT_KEY, "create_payment", PAY_817)
@@ -232,6 +239,12 @@ async fn a_redirect_to_another_origin_is_a_failed_lookup_and_carries_no_secret(p
         "lookup_failed:redirect_302; escalated:unresolved_after_deadline",
         "{history:?}"
     );
+    // Every lookup in between met the same redirect: one entry for it, not one per lookup.
+    let redirected = history
+        .iter()
+        .filter(|reason| *reason == "lookup_failed:redirect_302")
+        .count();
+    assert_eq!(redirected, 1, "{history:?}");
     let again = app
         .begin(PAYMENT_KEY, "create_payment", PAY_817)
         .await

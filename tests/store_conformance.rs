@@ -662,7 +662,8 @@ async fn terminal_rows_and_the_history_cannot_be_rewritten(fx: &Fixture) {
 
 async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
     let read = fx.unknown("k").await;
-    // A lookup that learns nothing changes no status: counted, not a history entry.
+    // A lookup that learns nothing changes no status, but what it saw is history: one entry
+    // per new reason, none for the same answer again.
     let kept = fx
         .store
         .resolve(
@@ -681,6 +682,20 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
         kept.next_check_at.unwrap() - kept.observed_at,
         chrono::Duration::seconds(5)
     );
+    let kept = fx
+        .store
+        .resolve(
+            &kept,
+            &Resolution::KeepUnknown {
+                next_check_after: Duration::from_secs(5),
+            },
+            &Attribution::worker("w1", "not_found_yet"),
+            Lookup::Made,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.reconcile_attempts, 2);
     let escalated = fx
         .store
         .resolve(
@@ -737,6 +752,13 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
                 Some(Status::Unknown),
                 Status::Unknown,
                 1,
+                false,
+                worker("w1", "not_found_yet")
+            ),
+            (
+                Some(Status::Unknown),
+                Status::Unknown,
+                1,
                 true,
                 worker("w2", "escalated")
             ),
@@ -768,7 +790,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
     assert!(all.windows(2).all(|w| w[0].event_id < w[1].event_id));
     assert!(all.windows(2).all(|w| w[0].occurred_at <= w[1].occurred_at));
     assert_eq!(all[0].occurred_at, read.created_at);
-    assert_eq!(all[3].occurred_at, resolved.updated_at);
+    assert_eq!(all[4].occurred_at, resolved.updated_at);
     let page = fx
         .store
         .history(&HistoryQuery {
@@ -785,7 +807,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
             .history(&HistoryQuery {
                 namespace: ns(),
                 operation_key: key.clone(),
-                after_event_id: all[3].event_id,
+                after_event_id: all[4].event_id,
                 limit: 10
             })
             .await
