@@ -58,36 +58,44 @@ struct Driver {
 
 impl Driver {
     async fn start(chromium: PathBuf, chromedriver: &Path) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let process = Command::new(chromedriver)
-            .arg(format!("--port={port}"))
-            .arg("--allowed-ips=127.0.0.1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let url = format!("http://127.0.0.1:{port}");
-        // Ready when /status answers (bounded: chromedriver starts in well under a second).
-        let client = reqwest::Client::new();
-        for _ in 0..300 {
-            if client
-                .get(format!("{url}/status"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return Self {
-                    _process: process,
-                    url,
-                    chromium,
-                };
+        // The free port may be taken again before chromedriver binds it (other processes
+        // open connections meanwhile): a driver that exited is started again on another.
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let mut process = Command::new(chromedriver)
+                .arg(format!("--port={port}"))
+                .arg("--allowed-ips=127.0.0.1")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            let url = format!("http://127.0.0.1:{port}");
+            // Ready when /status answers (bounded: chromedriver starts in well under a
+            // second, a loaded machine given a minute).
+            let client = reqwest::Client::new();
+            for _ in 0..600 {
+                if client
+                    .get(format!("{url}/status"))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+                {
+                    return Self {
+                        _process: process,
+                        url,
+                        chromium,
+                    };
+                }
+                if process.try_wait().unwrap().is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("chromedriver did not start");
     }
