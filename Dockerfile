@@ -26,6 +26,9 @@ WORKDIR /src
 # What the build reads: the manifest and lock file, the build script and the protos it
 # compiles (protox, no protoc), the migrations embedded by sqlx::migrate!, the review
 # console's templates and assets compiled into the binary, and the sources.
+# The server's allocator returns freed memory to the system 1 s after it was freed, as in
+# .cargo/config.toml (not copied: its other settings are for tests).
+ENV JEMALLOC_SYS_WITH_MALLOC_CONF=background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY migrations ./migrations

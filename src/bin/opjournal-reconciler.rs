@@ -19,6 +19,13 @@ use opjournal::{api, app};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+/// jemalloc rather than glibc's allocator, with its background threads: freed memory goes
+/// back to the system within about 10 s (`dirty_decay_ms`) even when no thread allocates, so
+/// the memory a flood of connections took comes back after they close (docs/performance.md,
+/// "Held streams").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser, Serialize)]
 #[command(version, about = "The opjournal reconcile worker")]
 struct Cli {

@@ -16,6 +16,13 @@ use tokio_util::sync::CancellationToken;
 mod demo;
 mod dev;
 
+/// jemalloc rather than glibc's allocator, with its background threads: freed memory goes
+/// back to the system within about 10 s (`dirty_decay_ms`) even when no thread allocates, so
+/// the memory a flood of connections took comes back after they close (docs/performance.md,
+/// "Held streams").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     version,
