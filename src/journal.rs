@@ -31,7 +31,7 @@ use crate::store::{
 };
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
-use opjournal_client::ErrorReason;
+use crate::domain::error::ErrorReason;
 
 mod command;
 

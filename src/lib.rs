@@ -27,7 +27,8 @@ pub mod cli;
 /// The Rust client, the `opjournal-client` crate, under its former path.
 pub use opjournal_client as client;
 pub mod config;
-pub mod domain;
+/// The journal's rules, the `opjournal-domain` crate (no transport, no storage).
+pub use opjournal_domain as domain;
 pub mod journal;
 pub mod ops;
 pub mod proto;

@@ -9,7 +9,7 @@ use std::path::Path;
 /// the rule written at the top of `src/lib.rs`.
 const LAYERS: &[&[&str]] = &[
     &["proto"],
-    &["domain"],
+    &["domain"], // crates/opjournal-domain, re-exported
     &["telemetry"],
     &["store"],
     &["journal"],
@@ -112,5 +112,90 @@ fn the_rule_is_written_in_lib_rs() {
     assert!(
         lib.contains(&rule),
         "src/lib.rs must state the rule: {rule}"
+    );
+}
+
+/// Crates the domain must not reach, directly or through another: transport, storage and the
+/// client SDK. The domain is `crates/opjournal-domain`; the server re-exports it as `domain`.
+const NOT_IN_THE_DOMAIN: &[&str] = &[
+    "axum",
+    "h2",
+    "hyper",
+    "opjournal",
+    "opjournal-client",
+    "opjournal-proto",
+    "prost",
+    "reqwest",
+    "sqlx",
+    "tokio",
+    "tonic",
+    "tower",
+];
+
+/// The crates `package` depends on in normal builds, transitively (`cargo tree -e normal`).
+fn dependencies_of(package: &str) -> Vec<String> {
+    let output = std::process::Command::new(env!("CARGO"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["tree", "--offline", "-p", package, "-e", "normal", "--prefix", "none"])
+        .args(["--format", "{p}"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut crates: Vec<String> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .collect();
+    crates.sort();
+    crates.dedup();
+    crates
+}
+
+#[test]
+fn the_domain_uses_no_transport_storage_or_client_crate() {
+    let crates = dependencies_of("opjournal-domain");
+    assert!(crates.contains(&"serde".to_owned()), "no tree read: {crates:?}");
+    let reached: Vec<_> = crates
+        .iter()
+        .filter(|name| NOT_IN_THE_DOMAIN.contains(&name.as_str()))
+        .collect();
+    assert!(
+        reached.is_empty(),
+        "crates/opjournal-domain reaches {reached:?}: the domain knows nothing of gRPC, HTTP, \
+         SQL or the client SDK"
+    );
+    let workspace: Vec<_> = crates
+        .iter()
+        .filter(|name| name.starts_with("opjournal") && *name != "opjournal-domain")
+        .collect();
+    assert_eq!(
+        workspace,
+        ["opjournal-reasons"],
+        "the domain may use only the protocol's reasons of the workspace's crates"
+    );
+}
+
+#[test]
+fn the_reasons_crate_has_no_dependencies() {
+    assert_eq!(dependencies_of("opjournal-reasons"), ["opjournal-reasons"]);
+}
+
+#[test]
+fn docs_errors_md_lists_every_reason() {
+    let catalog =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/errors.md"))
+            .unwrap();
+    let missing: Vec<_> = opjournal::domain::error::ErrorReason::all()
+        .map(|(name, _)| name)
+        .filter(|name| !catalog.contains(&format!("`{name}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/errors.md does not list {missing:?}: give each its code, meaning and what a caller \
+         should do"
     );
 }

@@ -1889,7 +1889,7 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
         store_calls(journal.complete(Complete::new(&other.encode(), "pay_7", result).unwrap()))
             .await;
     assert_eq!(calls, ["get"]);
-    let missing = tonic::Status::from(missing.unwrap_err());
+    let missing = opjournal::api::status::journal_status(missing.unwrap_err());
     assert_eq!(missing.code(), tonic::Code::NotFound);
 
     // A renewal keeps the lease's rules until the renewed end.
@@ -1930,7 +1930,7 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
         }
     };
     let reason = |error: opjournal::domain::error::JournalError| {
-        let status = tonic::Status::from(error);
+        let status = opjournal::api::status::journal_status(error);
         let reason = status.get_details_error_info().map(|info| info.reason);
         (status.code(), reason.unwrap_or_default())
     };

@@ -17,6 +17,7 @@ use tonic::{Request, Status};
 use crate::domain::access::{AccessError, Caller, Rpc, TokenRegistry};
 use crate::domain::error::JournalError;
 use crate::domain::model::Namespace;
+use super::status::{access_status, journal_status};
 
 const AUTHORIZATION: &str = "authorization";
 
@@ -114,7 +115,7 @@ impl Interceptor for Authenticator {
             }
             Err(error) => {
                 tracing::debug!(%error, "call refused: not authenticated");
-                Err(error.into())
+                Err(access_status(error))
             }
         }
     }
@@ -140,7 +141,7 @@ pub fn caller<T>(request: &Request<T>, rpc: Rpc) -> Result<Caller, Status> {
         .extensions()
         .get::<Caller>()
         .cloned()
-        .ok_or_else(|| JournalError::internal("a call reached a handler without authentication"))?;
+        .ok_or_else(|| JournalError::internal("a call reached a handler without authentication")).map_err(journal_status)?;
     caller
         .authorize(rpc)
         .map_err(|error| refused(&caller, error))?;
@@ -160,7 +161,7 @@ pub fn check_namespace(caller: &Caller, namespace: &Namespace) -> Result<(), Sta
 /// Logs a refusal (the principal's name, never its token) and turns it into a status.
 pub fn refused(caller: &Caller, error: AccessError) -> Status {
     tracing::info!(principal = caller.name().unwrap_or(""), %error, "call refused");
-    error.into()
+    access_status(error)
 }
 
 /// The client side: adds `authorization: Bearer <token>` to every call (or nothing); the

@@ -19,7 +19,7 @@ use crate::proto::resolve_operation_request::Resolution as ProtoResolution;
 use crate::reconcile::{
     History, Observation, ReconcileAction, Resolve, ReviewDecision, ReviewFilter, ReviewQueue,
 };
-use opjournal_client::ErrorReason;
+use crate::domain::error::ErrorReason;
 
 /// A protobuf timestamp from a database time.
 pub fn timestamp(time: DateTime<Utc>) -> prost_types::Timestamp {

@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{self, check_namespace};
 use super::convert;
+use super::status::journal_status;
 use crate::domain::access::Rpc;
 use crate::domain::model::{Namespace, OperationRecord};
 use crate::journal::{
@@ -44,12 +45,12 @@ impl OperationJournal for JournalService {
         let caller = auth::caller(&request, Rpc::BeginOperation)?;
         let trace_context = propagation::registering_trace_context(request.metadata().as_ref());
         let r = request.into_inner();
-        check_namespace(&caller, &Namespace::parse(&r.namespace)?)?;
+        check_namespace(&caller, &Namespace::parse(&r.namespace).map_err(journal_status)?)?;
         let request = BeginRequest {
             trace_context,
             ..BeginRequest::from(r)
         };
-        let outcome = self.journal.begin_request(request).await?;
+        let outcome = self.journal.begin_request(request).await.map_err(journal_status)?;
         tracing::Span::current().record("opjournal.begin.decision", outcome.decision());
         let answer =
             |decision: proto::Decision, record: &OperationRecord| proto::BeginOperationResponse {
@@ -87,9 +88,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::CompleteOperationRequest>,
     ) -> Result<Response<proto::CompleteOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::CompleteOperation)?;
-        let command = Complete::try_from(request.into_inner())?;
+        let command = Complete::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.token.namespace)?;
-        let record = self.journal.complete(command).await?;
+        let record = self.journal.complete(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::CompleteOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -100,9 +101,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::FailOperationRequest>,
     ) -> Result<Response<proto::FailOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::FailOperation)?;
-        let command = Fail::try_from(request.into_inner())?;
+        let command = Fail::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.token.namespace)?;
-        let record = self.journal.fail(command).await?;
+        let record = self.journal.fail(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::FailOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -113,9 +114,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::ReportUnknownOutcomeRequest>,
     ) -> Result<Response<proto::ReportUnknownOutcomeResponse>, Status> {
         let caller = auth::caller(&request, Rpc::ReportUnknownOutcome)?;
-        let command = ReportUnknown::try_from(request.into_inner())?;
+        let command = ReportUnknown::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.token.namespace)?;
-        let record = self.journal.report_unknown(command).await?;
+        let record = self.journal.report_unknown(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::ReportUnknownOutcomeResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -126,9 +127,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::RenewLeaseRequest>,
     ) -> Result<Response<proto::RenewLeaseResponse>, Status> {
         let caller = auth::caller(&request, Rpc::RenewLease)?;
-        let command = Renew::try_from(request.into_inner())?;
+        let command = Renew::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.token.namespace)?;
-        let record = self.journal.renew(command).await?;
+        let record = self.journal.renew(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::RenewLeaseResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -139,9 +140,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::GetOperationRequest>,
     ) -> Result<Response<proto::GetOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::GetOperation)?;
-        let operation = OperationRef::try_from(request.into_inner())?;
+        let operation = OperationRef::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &operation.namespace)?;
-        let record = self.journal.get(&operation).await?;
+        let record = self.journal.get(&operation).await.map_err(journal_status)?;
         Ok(Response::new(proto::GetOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -152,9 +153,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::DeriveOperationKeyRequest>,
     ) -> Result<Response<proto::DeriveOperationKeyResponse>, Status> {
         let caller = auth::caller(&request, Rpc::DeriveOperationKey)?;
-        let command = DeriveKey::try_from(request.into_inner())?;
+        let command = DeriveKey::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.namespace)?;
-        let key = self.journal.derive_key(&command)?;
+        let key = self.journal.derive_key(&command).map_err(journal_status)?;
         Ok(Response::new(proto::DeriveOperationKeyResponse {
             operation_key: key.to_string(),
         }))
@@ -165,9 +166,9 @@ impl OperationJournal for JournalService {
         request: Request<proto::ListOperationsRequest>,
     ) -> Result<Response<proto::ListOperationsResponse>, Status> {
         let caller = auth::caller(&request, Rpc::ListOperations)?;
-        let command = ListOperations::try_from(request.into_inner())?;
+        let command = ListOperations::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.namespace)?;
-        let (records, next_page_token) = self.journal.list(command).await?;
+        let (records, next_page_token) = self.journal.list(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::ListOperationsResponse {
             operations: records.iter().map(convert::operation).collect(),
             next_page_token,

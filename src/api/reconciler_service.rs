@@ -8,6 +8,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{self, check_namespace};
 use super::convert;
+use super::status::journal_status;
 use crate::domain::access::Rpc;
 use crate::journal::OperationRef;
 use crate::proto;
@@ -39,9 +40,9 @@ impl ReconcilerRpc for ReconcilerService {
         request: Request<proto::ReconcileOperationRequest>,
     ) -> Result<Response<proto::ReconcileOperationResponse>, Status> {
         let caller = auth::caller(&request, Rpc::ReconcileOperation)?;
-        let operation = OperationRef::try_from(request.into_inner())?;
+        let operation = OperationRef::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &operation.namespace)?;
-        let report = self.reconciler.reconcile_now(&operation).await?;
+        let report = self.reconciler.reconcile_now(&operation).await.map_err(journal_status)?;
         let observation = report.observation.as_ref().map(|o| {
             let mut observation = convert::observation(o);
             if report.action == ReconcileAction::ReleasedForRetry {
@@ -61,9 +62,9 @@ impl ReconcilerRpc for ReconcilerService {
         request: Request<proto::ListOperationsForReviewRequest>,
     ) -> Result<Response<proto::ListOperationsForReviewResponse>, Status> {
         let caller = auth::caller(&request, Rpc::ListOperationsForReview)?;
-        let command = ReviewQueue::try_from(request.into_inner())?;
+        let command = ReviewQueue::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.namespace)?;
-        let (records, next_page_token) = self.reconciler.list_for_review(&command).await?;
+        let (records, next_page_token) = self.reconciler.list_for_review(&command).await.map_err(journal_status)?;
         Ok(Response::new(proto::ListOperationsForReviewResponse {
             operations: records.iter().map(convert::operation).collect(),
             next_page_token,
@@ -79,9 +80,9 @@ impl ReconcilerRpc for ReconcilerService {
         r.reviewer = caller
             .reviewer(&r.reviewer)
             .map_err(|error| auth::refused(&caller, error))?;
-        let command = Resolve::try_from(r)?;
+        let command = Resolve::try_from(r).map_err(journal_status)?;
         check_namespace(&caller, &command.operation.namespace)?;
-        let record = self.reconciler.resolve_by_reviewer(command).await?;
+        let record = self.reconciler.resolve_by_reviewer(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::ResolveOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -92,9 +93,9 @@ impl ReconcilerRpc for ReconcilerService {
         request: Request<proto::GetOperationHistoryRequest>,
     ) -> Result<Response<proto::GetOperationHistoryResponse>, Status> {
         let caller = auth::caller(&request, Rpc::GetOperationHistory)?;
-        let command = History::try_from(request.into_inner())?;
+        let command = History::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.operation.namespace)?;
-        let (events, next_page_token) = self.reconciler.history(&command).await?;
+        let (events, next_page_token) = self.reconciler.history(&command).await.map_err(journal_status)?;
         Ok(Response::new(proto::GetOperationHistoryResponse {
             events: events.iter().map(convert::event).collect(),
             next_page_token,

@@ -35,8 +35,10 @@ fn retryable(code: Code, reason: &str, message: &str, delay: Duration) -> Status
     Status::with_error_details(code, message, details)
 }
 
-impl From<JournalError> for Status {
-    fn from(error: JournalError) -> Self {
+/// The status of a journal error: one gRPC code and one `ErrorInfo` reason per variant
+/// (docs/errors.md). Internal detail is logged, never sent.
+pub fn journal_status(error: JournalError) -> Status {
+    {
         let reason = error.reason();
         let reason = reason.as_str();
         match error {
@@ -180,8 +182,9 @@ impl From<JournalError> for Status {
     }
 }
 
-impl From<AccessError> for Status {
-    fn from(error: AccessError) -> Self {
+/// The status of an access error: `UNAUTHENTICATED` or `PERMISSION_DENIED` with its reason.
+pub fn access_status(error: AccessError) -> Status {
+    {
         match error {
             AccessError::MissingCredentials => status(
                 Code::Unauthenticated,

@@ -7,7 +7,7 @@
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::lease::{AsLeaseToken, LeaseToken};
 use crate::domain::model::{ActionType, ErrorCode, ExternalId, Namespace, OperationKey, Status};
-use opjournal_client::ErrorReason;
+use crate::domain::error::ErrorReason;
 
 /// One operation, by its key (`GetOperation`, `ReconcileOperation`, the review and history
 /// of one operation).

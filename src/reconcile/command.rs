@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::domain::model::{ActionType, Attribution, ErrorCode, ExternalId, Namespace};
 use crate::journal::{OperationRef, Page};
-use opjournal_client::ErrorReason;
+use crate::domain::error::ErrorReason;
 
 /// A reviewer's decision on an unknown operation.
 #[derive(Debug, Clone)]

@@ -96,7 +96,7 @@ fn refused(session: &Session, error: AccessError) -> Response {
 /// closest to its code.
 fn journal_error(session: &Session, error: JournalError) -> Response {
     let reason = error.reason();
-    let status = tonic::Status::from(error);
+    let status = crate::api::status::journal_status(error);
     let (http, heading) = match status.code() {
         Code::InvalidArgument | Code::OutOfRange => (StatusCode::BAD_REQUEST, "Invalid request"),
         Code::NotFound => (StatusCode::NOT_FOUND, "Not found"),

@@ -30,7 +30,7 @@ use hmac::{KeyInit as _, Mac as _};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::domain::model::{ActorKind, Status};
+use crate::model::{ActorKind, Status};
 
 /// The kind of an escalation event, its `type` in the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -32,7 +32,7 @@ use uuid::Uuid;
 
 use super::error::{FieldViolation, JournalError};
 use super::model::{Namespace, OperationKey};
-use opjournal_client::ErrorReason;
+use opjournal_reasons::ErrorReason;
 
 /// Shortest lease the journal grants, in seconds.
 pub const MIN_LEASE_SECONDS: u32 = 1;
@@ -287,8 +287,8 @@ impl AsLeaseToken for String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::domain::canonical::RequestHash;
-    use crate::domain::model::{ActionType, OperationRecord, Status};
+    use crate::canonical::RequestHash;
+    use crate::model::{ActionType, OperationRecord, Status};
     use chrono::{TimeDelta, Utc};
 
     fn row(status: Status, lease_secs: Option<i64>) -> OperationRecord {
@@ -312,7 +312,7 @@ mod tests {
             reconcile_attempts: 0,
             review_required_at: None,
             review_reason: None,
-            last_actor_kind: crate::domain::model::ActorKind::Client,
+            last_actor_kind: crate::model::ActorKind::Client,
             action_policy: None,
             trace_context: None,
             created_at: now,

@@ -120,7 +120,7 @@ pub struct ActionPolicy {
     pub result: ResultPolicy,
 }
 
-/// What of an action's results is stored (see [`crate::domain::result`]).
+/// What of an action's results is stored (see [`crate::result`]).
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ResultPolicy {
@@ -1051,7 +1051,7 @@ pub fn validate_url_template(url: &str) -> Result<(), String> {
     // (`http:///{provider_key}` is parsed with the key as the host).
     let origins: Vec<_> = ["key", "other"]
         .into_iter()
-        .map(|key| reqwest::Url::parse(&url.replace("{provider_key}", key)))
+        .map(|key| url::Url::parse(&url.replace("{provider_key}", key)))
         .collect();
     match origins.as_slice() {
         [Ok(one), Ok(other)] if one.host().is_some() && one.origin() == other.origin() => {}

@@ -23,7 +23,7 @@ use sha2::Sha256;
 
 use super::error::{FieldViolation, JournalError};
 use super::model::{ActionType, Namespace, OperationKey};
-use opjournal_client::ErrorReason;
+use opjournal_reasons::ErrorReason;
 
 /// Prefix of every derived key.
 pub const DERIVED_KEY_PREFIX: &str = "ok_";

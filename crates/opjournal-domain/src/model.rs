@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 
 use super::canonical::RequestHash;
 use super::error::{FieldViolation, JournalError};
-use opjournal_client::ErrorReason;
+use opjournal_reasons::ErrorReason;
 
 /// Maximum length of an idempotency key, in characters (the article's `VARCHAR(200)`).
 pub const MAX_KEY_CHARS: usize = 200;
@@ -187,7 +187,7 @@ impl ErrorCode {
     }
 
     /// A code set by the journal itself.
-    pub(crate) fn internal(code: &'static str) -> Self {
+    pub fn internal(code: &'static str) -> Self {
         Self(code.to_owned())
     }
 
@@ -297,8 +297,8 @@ pub struct OperationRecord {
     /// End of the current lease (database clock).
     pub lease_until: Option<DateTime<Utc>>,
     /// SHA-256 of the attempt id the current (or last) lease was granted to, when that Begin
-    /// sent one (see [`crate::domain::lease::AttemptId`]).
-    pub lease_attempt: Option<crate::domain::lease::AttemptDigest>,
+    /// sent one (see [`crate::lease::AttemptId`]).
+    pub lease_attempt: Option<crate::lease::AttemptDigest>,
     /// Provider's id of the effect.
     pub external_id: Option<String>,
     /// Stored result, canonical JSON text.
@@ -321,9 +321,9 @@ pub struct OperationRecord {
     pub last_actor_kind: ActorKind,
     /// The action policy the operation was registered under; `None` for operations
     /// registered before policies were recorded (the current policy applies to them).
-    pub action_policy: Option<crate::domain::policy::ActionPolicy>,
+    pub action_policy: Option<crate::policy::ActionPolicy>,
     /// The W3C `traceparent` of the request that registered the operation (see
-    /// [`crate::telemetry::propagation`]); reconcile attempts link their spans to it. `None`
+    /// `opjournal::telemetry::propagation`); reconcile attempts link their spans to it. `None`
     /// when that request carried no trace context and tracing was off.
     pub trace_context: Option<String>,
     /// First registration (database clock).

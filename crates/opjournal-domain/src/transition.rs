@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 
-use crate::domain::canonical::RequestHash;
-use crate::domain::lease::AttemptDigest;
-use crate::domain::model::{ActionType, ActorKind, ErrorCode, ExternalId, OperationRecord, Status};
-use crate::domain::policy::{ActionPolicy, OnUnresolved};
+use crate::canonical::RequestHash;
+use crate::lease::AttemptDigest;
+use crate::model::{ActionType, ActorKind, ErrorCode, ExternalId, OperationRecord, Status};
+use crate::policy::{ActionPolicy, OnUnresolved};
 
 /// What `BeginOperation` answers for an existing row, before any write.
 #[derive(Debug, Clone, PartialEq)]
@@ -332,8 +332,8 @@ fn grace_has_passed(record: &OperationRecord, action: &ActionPolicy) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::domain::lease::AttemptId;
-    use crate::domain::model::{Namespace, OperationKey};
+    use crate::lease::AttemptId;
+    use crate::model::{Namespace, OperationKey};
     use Status::*;
 
     fn attempt(text: &str) -> AttemptDigest {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use super::canonical::JsonError;
 use super::model::{ActorKind, Status};
-pub use opjournal_client::ErrorReason;
+pub use opjournal_reasons::ErrorReason;
 
 /// One invalid request field, reported as a `google.rpc.BadRequest` field violation.
 #[derive(Debug, Clone, PartialEq, Eq)]

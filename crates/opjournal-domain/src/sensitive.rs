@@ -56,7 +56,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::error::{FieldViolation, JournalError};
 use super::model::OperationKey;
-use opjournal_client::ErrorReason;
+use opjournal_reasons::ErrorReason;
 
 /// What kind of sensitive data a key appears to contain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -633,8 +633,8 @@ mod tests {
 
     #[test]
     fn derived_keys_never_look_sensitive() {
-        use crate::domain::derived_key::KeyDeriver;
-        use crate::domain::model::{ActionType, Namespace};
+        use crate::derived_key::KeyDeriver;
+        use crate::model::{ActionType, Namespace};
         let deriver = KeyDeriver::new(b"0123456789abcdef0123456789abcdef").unwrap();
         let namespace = Namespace::parse("").unwrap();
         let action = ActionType::parse("create_payment").unwrap();

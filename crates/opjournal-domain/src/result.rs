@@ -28,7 +28,7 @@ use serde_json::{Map, Value};
 
 use super::canonical::{self, Limits};
 use super::error::{FieldViolation, JournalError};
-use opjournal_client::ErrorReason;
+use opjournal_reasons::ErrorReason;
 
 /// Field names removed from every result at any depth, whatever the policy says.
 pub const BUILTIN_DENY_FIELDS: &[&str] = &[
