@@ -1,5 +1,6 @@
 //! What every long-running process does around its work: install logging and telemetry,
-//! turn SIGTERM and SIGINT into a cancellation, and report the error it stopped on.
+//! turn SIGTERM and SIGINT ([`stop_signal`], shared by every binary of the workspace) into a
+//! cancellation, and report the error it stopped on.
 
 use tokio_util::sync::CancellationToken;
 
@@ -8,6 +9,7 @@ use crate::config::LogFormat;
 use crate::telemetry::{LogOptions, Telemetry, TelemetryOptions};
 
 pub use crate::reconcile::adapter::install_crypto_provider;
+pub use opjournal_signal::stop_signal;
 
 /// Installs logging only (commands that run and exit): `RUST_LOG` filter (default `info`),
 /// text or JSON lines on standard error; no spans are exported and no metrics served.
@@ -46,23 +48,6 @@ pub async fn finish<T>(
     }
     telemetry.shutdown().await;
     result
-}
-
-/// Resolves when the process is asked to stop — SIGTERM or SIGINT (Ctrl-C) — naming the
-/// signal; where SIGTERM cannot be listened for, on SIGINT alone.
-pub async fn stop_signal() -> &'static str {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut terminate) = signal(SignalKind::terminate()) {
-            return tokio::select! {
-                _ = terminate.recv() => "SIGTERM",
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-            };
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-    "SIGINT"
 }
 
 /// A token cancelled on SIGTERM or SIGINT (see [`stop_signal`]).
