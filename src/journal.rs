@@ -16,7 +16,6 @@ use uuid::Uuid;
 
 use crate::domain::canonical::{self, Limits, RequestHash};
 use crate::domain::derived_key::KeyDeriver;
-use crate::domain::error::ErrorReason;
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::lease::{self, AttemptId, BeginVerdict, LeaseToken};
 use crate::domain::model::{
@@ -32,6 +31,7 @@ use crate::store::{
 };
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
+use crate::domain::error::ErrorReason;
 
 mod command;
 

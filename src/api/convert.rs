@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::error::ErrorReason;
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::model::{
     ActionType, ActorKind, Attribution, ExternalId, Namespace, OperationEvent, OperationRecord,
@@ -20,6 +19,7 @@ use crate::proto::resolve_operation_request::Resolution as ProtoResolution;
 use crate::reconcile::{
     History, Observation, ReconcileAction, Resolve, ReviewDecision, ReviewFilter, ReviewQueue,
 };
+use crate::domain::error::ErrorReason;
 
 /// A protobuf timestamp from a database time.
 pub fn timestamp(time: DateTime<Utc>) -> prost_types::Timestamp {

@@ -6,6 +6,8 @@
 use figment::value::{Dict, Map, Value};
 use figment::{Metadata, Profile, Provider};
 
+use super::ConfigError;
+
 /// One flat key and where it lives now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Moved {
@@ -197,8 +199,8 @@ impl Nested {
     /// `provider`'s data with the flat keys moved, and the keys that were moved, each once.
     ///
     /// Errors: the provider's own (a file that is not TOML).
-    pub fn new(provider: &impl Provider) -> Result<(Self, Vec<&'static Moved>), figment::Error> {
-        let mut data = provider.data()?;
+    pub fn new(provider: &impl Provider) -> Result<(Self, Vec<&'static Moved>), ConfigError> {
+        let mut data = provider.data().map_err(|e| ConfigError(e.to_string()))?;
         let mut found = Vec::new();
         for dict in data.values_mut() {
             for moved in nest(dict) {

@@ -108,13 +108,13 @@ impl Config {
             if !file.exists() {
                 return Err(ConfigError(format!("{}: no such file", file.display())));
             }
-            let (toml, moved) = legacy::Nested::new(&Toml::file(file)).map_err(failed)?;
+            let (toml, moved) = legacy::Nested::new(&Toml::file(file))?;
             notices.extend(moved.iter().map(|m| m.in_file()));
             figment = figment.merge(toml);
         }
-        let (env, moved) = legacy::Nested::new(&environment()).map_err(failed)?;
+        let (env, moved) = legacy::Nested::new(&environment())?;
         notices.extend(moved.iter().map(|m| m.in_environment()));
-        let (flags, _) = legacy::Nested::new(&Serialized::defaults(overrides)).map_err(failed)?;
+        let (flags, _) = legacy::Nested::new(&Serialized::defaults(overrides))?;
         let mut config: Config = figment.merge(env).merge(flags).extract().map_err(failed)?;
         if let Some(secret) = secret_variable(SECRET_VARIABLE, LEGACY_SECRET_VARIABLE, &mut notices)
         {
