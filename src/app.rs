@@ -67,7 +67,7 @@ pub struct Components {
 ///
 /// Errors: the file is unreadable or invalid (the message names the file and setting).
 pub fn load_policy(config: &Config) -> Result<Policy, PolicyError> {
-    match &config.policy_file {
+    match &config.server.policy_file {
         Some(path) => Policy::load(path),
         None => Ok(Policy::builtin()),
     }
@@ -79,7 +79,7 @@ pub fn load_policy(config: &Config) -> Result<Policy, PolicyError> {
 ///
 /// Errors: the file is unreadable or invalid (the message names the file and setting).
 pub fn policy_warnings(config: &Config) -> Result<Vec<String>, PolicyError> {
-    let Some(path) = &config.policy_file else {
+    let Some(path) = &config.server.policy_file else {
         return Ok(Vec::new());
     };
     let (_, warnings) = Policy::load_with_warnings(path)?;
@@ -99,9 +99,9 @@ pub fn policy_warnings(config: &Config) -> Result<Vec<String>, PolicyError> {
 /// The group commit `config` asks for: `group_commit_lanes` per kind of write, at most
 /// `(max_connections - 1) / 2` (at least one); `None` when it is `0`.
 fn group_commit(config: &Config) -> Option<GroupCommit> {
-    let spare = (config.max_connections.saturating_sub(1) / 2).max(1) as usize;
-    (config.group_commit_lanes > 0).then(|| GroupCommit {
-        lanes: config.group_commit_lanes.min(spare),
+    let spare = (config.database.max_connections.saturating_sub(1) / 2).max(1) as usize;
+    (config.database.group_commit_lanes > 0).then(|| GroupCommit {
+        lanes: config.database.group_commit_lanes.min(spare),
         ..GroupCommit::default()
     })
 }
@@ -116,8 +116,11 @@ pub fn build(config: &Config, metrics: &Metrics) -> Result<Components, StartErro
         tracing::warn!(warning = %warning, "the policy weakens a lookup's proof");
     }
     let adapters = AdapterSet::from_policy(&policy)?;
-    let database = Database::connect_lazy(&config.database_url, config.max_connections)?
-        .with_group_commit(group_commit(config));
+    let database = Database::connect_lazy(
+        config.database.url.expose(),
+        config.database.max_connections,
+    )?
+    .with_group_commit(group_commit(config));
     let mut parts = components_with_telemetry(
         database,
         policy,
@@ -125,7 +128,7 @@ pub fn build(config: &Config, metrics: &Metrics) -> Result<Components, StartErro
         config.request_limits(),
         metrics.clone(),
     );
-    if let Some(secret) = &config.key_derivation_secret {
+    if let Some(secret) = &config.server.key_derivation_secret {
         let deriver = KeyDeriver::new(secret.expose().as_bytes())?;
         parts.journal = parts.journal.with_key_deriver(deriver);
     }
@@ -140,22 +143,22 @@ pub fn webhook_config(
     config: &Config,
 ) -> Result<Option<crate::reconcile::webhook::WebhookConfig>, String> {
     use crate::domain::escalation::{RetrySchedule, WebhookSecret};
-    let (Some(url), Some(secret)) = (&config.webhook_url, &config.webhook_secret) else {
+    let (Some(url), Some(secret)) = (&config.webhook.url, &config.webhook.secret) else {
         return Ok(None);
     };
     Ok(Some(crate::reconcile::webhook::WebhookConfig {
-        url: reqwest::Url::parse(url).map_err(|_| "webhook_url: not a URL".to_owned())?,
+        url: reqwest::Url::parse(url.expose()).map_err(|_| "webhook.url: not a URL".to_owned())?,
         secret: WebhookSecret::parse(secret.expose())?,
-        timeout: Config::seconds(config.webhook_timeout_seconds),
-        claim_lease: Config::seconds(config.webhook_claim_seconds),
+        timeout: config.webhook.timeout,
+        claim_lease: config.webhook.claim_hold,
         schedule: RetrySchedule {
-            base: Config::seconds(config.webhook_retry_base_seconds),
-            cap: Config::seconds(config.webhook_retry_cap_seconds),
-            max_age: Config::seconds(config.webhook_max_age_seconds),
+            base: config.webhook.retry_base,
+            cap: config.webhook.retry_cap,
+            max_age: config.webhook.max_age,
         },
-        poll_interval: Config::seconds(config.webhook_poll_seconds),
-        batch_size: config.webhook_batch_size,
-        sample_interval: Config::seconds(config.backlog_sample_seconds),
+        poll_interval: config.webhook.poll_interval,
+        batch_size: config.webhook.batch_size,
+        sample_interval: config.reconcile.backlog_sample_interval,
     }))
 }
 
@@ -208,12 +211,12 @@ pub fn worker(config: &Config, reconciler: Reconciler) -> Worker {
     Worker::new(
         reconciler,
         WorkerConfig {
-            poll_interval: Config::seconds(config.reconcile_poll_seconds),
-            batch_size: config.reconcile_batch_size,
-            concurrency: config.reconcile_concurrency,
-            claim_hold: Config::seconds(config.reconcile_claim_hold_seconds),
-            purge_interval: Config::seconds(config.purge_interval_seconds),
-            purge_batch_size: config.purge_batch_size,
+            poll_interval: config.reconcile.poll_interval,
+            batch_size: config.reconcile.batch_size,
+            concurrency: config.reconcile.concurrency,
+            claim_hold: config.reconcile.claim_hold,
+            purge_interval: config.reconcile.purge_interval,
+            purge_batch_size: config.reconcile.purge_batch_size,
         },
     )
 }
@@ -228,23 +231,23 @@ pub fn worker(config: &Config, reconciler: Reconciler) -> Worker {
 pub fn serve_options(config: &Config, metrics: &Metrics) -> Result<ServeOptions, StartError> {
     config.check_exposure()?;
     let registry = config.token_registry()?;
-    let tls = match (&config.tls_cert_file, &config.tls_key_file) {
+    let tls = match (&config.tls.cert_file, &config.tls.key_file) {
         (Some(cert_file), Some(key_file)) => Some(
             tls::server_config(&ServerTlsFiles {
                 cert_file: cert_file.clone(),
                 key_file: key_file.clone(),
-                client_ca_file: config.tls_client_ca_file.clone(),
+                client_ca_file: config.tls.client_ca_file.clone(),
             })?
-            .reload_every(Config::seconds(config.tls_reload_seconds)),
+            .reload_every(config.tls.reload_interval),
         ),
         _ => None,
     };
     Ok(ServeOptions {
-        readiness_interval: Config::seconds(config.readiness_interval_seconds),
-        drain_delay: Config::seconds(config.drain_delay_seconds),
+        readiness_interval: config.server.readiness_interval,
+        drain_delay: config.server.drain_delay,
         auth: Authenticator::new(registry),
         tls,
-        max_message_bytes: config.max_message_bytes,
+        max_message_bytes: config.limits.max_message_bytes,
         limits: config.transport_limits(),
         metrics: metrics.clone(),
     })
@@ -261,20 +264,20 @@ pub fn log_security(config: &Config, options: &ServeOptions) {
     if options.auth.is_enabled() {
         tracing::info!(
             tokens = options.auth.tokens(),
-            tokens_file = config.tokens_file.is_some(),
+            tokens_file = config.auth.tokens_file.is_some(),
             tls,
             "bearer-token authentication on"
         );
-    } else if config.listen.ip().is_loopback() {
+    } else if config.server.listen.ip().is_loopback() {
         tracing::info!(tls, "authentication off (no tokens configured)");
-    } else if config.tls_client_ca_file.is_some() {
+    } else if config.tls.client_ca_file.is_some() {
         tracing::info!(
             tls,
             "callers authenticated by client certificate (no tokens)"
         );
     } else {
         tracing::warn!(
-            listen = %config.listen,
+            listen = %config.server.listen,
             tls,
             "authentication off on an address other hosts can reach \
              (insecure_allow_unauthenticated): every caller can read and change every \
@@ -391,7 +394,7 @@ pub fn console_options(
 ) -> Result<ConsoleOptions, StartError> {
     let access = ConsoleAccess::from_registry(config.token_registry()?);
     let tls = server.tls.clone();
-    let mut options = ConsoleOptions::new(access, tls, config.max_result_bytes);
+    let mut options = ConsoleOptions::new(access, tls, config.limits.max_result_bytes);
     options.limits = config.console_limits();
     Ok(options)
 }

@@ -56,7 +56,8 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = Config::load(cli.common.config.as_ref(), &cli)?;
-    let telemetry = app::init_telemetry(config.log_format, "opjournal-reconciler")?;
+    let telemetry = app::init_telemetry(config.telemetry.log_format, "opjournal-reconciler")?;
+    config.warn_deprecations();
     let result = run(&cli, &config, &telemetry).await;
     if let Err(error) = &result {
         tracing::error!(error = %format!("{error:#}"), "the reconcile worker stopped on an error");
@@ -70,7 +71,7 @@ async fn run(cli: &Cli, config: &Config, telemetry: &Telemetry) -> anyhow::Resul
     let parts = app::build(config, telemetry.metrics())?;
     app::log_database(&parts.database);
     if parts.database.backend() == Backend::Sqlite {
-        app::prepare_database(&config.database_url, &parts.database)
+        app::prepare_database(config.database.url.expose(), &parts.database)
             .await
             .context("prepare the journal file")?;
     }
@@ -93,23 +94,23 @@ async fn run(cli: &Cli, config: &Config, telemetry: &Telemetry) -> anyhow::Resul
         );
     } else {
         let shutdown = app::shutdown_on_signals();
-        let listener = tokio::net::TcpListener::bind(config.reconciler_health_listen)
+        let listener = tokio::net::TcpListener::bind(config.reconcile.health_listen)
             .await
-            .with_context(|| format!("cannot listen on {}", config.reconciler_health_listen))?;
+            .with_context(|| format!("cannot listen on {}", config.reconcile.health_listen))?;
         let address = listener.local_addr()?;
         app::announce(&format!("opjournal-reconciler health on {address}"));
         // The metrics endpoint outlives the worker's last poll, so the last scrape sees it.
         let admin_stop = CancellationToken::new();
         let admin = app::serve_metrics(
             telemetry,
-            config.reconciler_metrics_listen,
+            config.reconcile.metrics_listen,
             admin_stop.clone(),
         )
         .await
         .with_context(|| {
             format!(
                 "cannot listen on {} (metrics)",
-                config.reconciler_metrics_listen
+                config.reconcile.metrics_listen
             )
         })?;
         if let Some((metrics_address, _)) = &admin {
@@ -121,13 +122,13 @@ async fn run(cli: &Cli, config: &Config, telemetry: &Telemetry) -> anyhow::Resul
         let health = tokio::spawn(api::serve_health(
             store.clone(),
             listener,
-            Config::seconds(config.readiness_interval_seconds),
+            config.server.readiness_interval,
             config.transport_limits(),
             shutdown.clone(),
         ));
         let sampler = tokio::spawn(telemetry.metrics().clone().run_backlog_sampler(
             store,
-            Config::seconds(config.backlog_sample_seconds),
+            config.reconcile.backlog_sample_interval,
             shutdown.clone(),
         ));
         let webhooks = match app::webhook_config(config).map_err(|e| anyhow::anyhow!(e))? {

@@ -183,8 +183,9 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
             reconcile_poll_seconds: POLL_SECONDS,
         },
     )?;
+    config.warn_deprecations();
     let parts = app::build(&config, &Metrics::disabled())?;
-    app::prepare_database(&config.database_url, &parts.database)
+    app::prepare_database(config.database.url.expose(), &parts.database)
         .await
         .context("prepare the journal file")?;
     let worker = app::worker(&config, parts.reconciler.clone());
@@ -202,7 +203,7 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
     let mut console_options = ConsoleOptions::new(
         ConsoleAccess::from_registry(token.registry()?),
         None,
-        config.max_result_bytes,
+        config.limits.max_result_bytes,
     );
     console_options.limits = config.console_limits();
     let (console_url, console) = app::serve_console(

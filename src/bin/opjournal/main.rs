@@ -94,9 +94,10 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Demo(flags) => demo::run(flags).await,
         Command::Migrate(flags) => {
             let config = Config::load(flags.config.as_ref(), &flags)?;
-            app::init_tracing(config.log_format);
+            app::init_tracing(config.telemetry.log_format);
+            config.warn_deprecations();
             let parts = app::build(&config, &Metrics::disabled())?;
-            app::prepare_database(&config.database_url, &parts.database)
+            app::prepare_database(config.database.url.expose(), &parts.database)
                 .await
                 .context("migrate")?;
             println!("migrations applied ({})", parts.database.backend().name());
@@ -104,11 +105,14 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         Command::Purge(flags) => {
             let config = Config::load(flags.common.config.as_ref(), &flags.common)?;
-            app::init_tracing(config.log_format);
+            app::init_tracing(config.telemetry.log_format);
+            config.warn_deprecations();
             let parts = app::build(&config, &Metrics::disabled())?;
             let purged = opjournal::reconcile::worker::purge(
                 parts.store.as_ref(),
-                flags.batch_size.unwrap_or(config.purge_batch_size),
+                flags
+                    .batch_size
+                    .unwrap_or(config.reconcile.purge_batch_size),
                 flags.max_batches,
             )
             .await
@@ -119,6 +123,9 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         Command::CheckConfig(flags) => {
             let config = Config::load(flags.config.as_ref(), &flags)?;
+            for notice in config.deprecations() {
+                eprintln!("warning: {notice}");
+            }
             app::install_crypto_provider();
             app::build(&config, &Metrics::disabled())?;
             let serve_options = app::serve_options(&config, &Metrics::disabled())?;
@@ -127,7 +134,8 @@ async fn main() -> anyhow::Result<ExitCode> {
             for warning in app::policy_warnings(&config)? {
                 eprintln!("warning: {warning}");
             }
-            println!("configuration and policy are valid");
+            print!("{}", config.to_toml());
+            println!("# configuration and policy are valid");
             Ok(ExitCode::SUCCESS)
         }
         Command::CopyJournal(flags) => copy_journal(flags).await.map(|()| ExitCode::SUCCESS),
@@ -137,8 +145,9 @@ async fn main() -> anyhow::Result<ExitCode> {
 
 async fn copy_journal(flags: CopyFlags) -> anyhow::Result<()> {
     let config = Config::load(flags.common.config.as_ref(), &flags.common)?;
-    app::init_tracing(config.log_format);
-    let Database::Sqlite(source) = Database::connect_lazy(&config.database_url, 2)? else {
+    app::init_tracing(config.telemetry.log_format);
+    config.warn_deprecations();
+    let Database::Sqlite(source) = Database::connect_lazy(config.database.url.expose(), 2)? else {
         anyhow::bail!(
             "copy-journal copies an embedded journal: database_url must be a sqlite: URL"
         );
@@ -174,7 +183,8 @@ async fn copy_journal(flags: CopyFlags) -> anyhow::Result<()> {
 
 async fn serve(flags: ServeFlags) -> anyhow::Result<()> {
     let config = Config::load(flags.common.config.as_ref(), &flags)?;
-    let telemetry = app::init_telemetry(config.log_format, "opjournal-server")?;
+    let telemetry = app::init_telemetry(config.telemetry.log_format, "opjournal-server")?;
+    config.warn_deprecations();
     app::install_crypto_provider();
     let result = run_server(&config, &telemetry).await;
     if let Err(error) = &result {
@@ -190,28 +200,33 @@ async fn run_server(config: &Config, telemetry: &Telemetry) -> anyhow::Result<()
     let options = app::serve_options(config, telemetry.metrics())?;
     app::log_database(&parts.database);
     // The embedded journal needs no setup: its file and schema are made at start.
-    if config.migrate_on_start || parts.database.backend() == Backend::Sqlite {
-        app::prepare_database(&config.database_url, &parts.database)
+    if config.database.migrate_on_start || parts.database.backend() == Backend::Sqlite {
+        app::prepare_database(config.database.url.expose(), &parts.database)
             .await
             .context("migrate on start")?;
     }
-    let listener = tokio::net::TcpListener::bind(config.listen)
+    let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
+        .with_context(|| format!("cannot listen on {}", config.server.listen))?;
     let address = listener.local_addr()?;
     tracing::info!(%address, "opjournal serving gRPC");
     app::announce(&format!("opjournal listening on {address}"));
     // The metrics endpoint outlives the gRPC server's drain, so the last scrape sees it.
     let admin_stop = CancellationToken::new();
-    let admin = app::serve_metrics(telemetry, config.metrics_listen, admin_stop.clone())
+    let admin = app::serve_metrics(telemetry, config.server.metrics_listen, admin_stop.clone())
         .await
-        .with_context(|| format!("cannot listen on {} (metrics)", config.metrics_listen))?;
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (metrics)",
+                config.server.metrics_listen
+            )
+        })?;
     if let Some((metrics_address, _)) = &admin {
         app::announce(&format!(
             "opjournal metrics on http://{metrics_address}/metrics"
         ));
     }
-    let health_listener = match config.health_listen {
+    let health_listener = match config.server.health_listen {
         Some(address) => {
             let listener = tokio::net::TcpListener::bind(address)
                 .await
@@ -225,7 +240,7 @@ async fn run_server(config: &Config, telemetry: &Telemetry) -> anyhow::Result<()
     };
     app::log_security(config, &options);
     let shutdown = app::shutdown_on_signals();
-    let console = match config.console_listen {
+    let console = match config.console.listen {
         Some(address) => {
             let console_options = app::console_options(config, &options)?;
             let (url, task) =
