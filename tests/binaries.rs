@@ -487,3 +487,109 @@ async fn serve_and_check_config_refuse_a_token_holding_client_and_reviewer() {
         );
     }
 }
+
+/// A configuration file of the first, flat format, and its old variables.
+fn flat_config(dir: &std::path::Path) -> (std::path::PathBuf, Vec<(&'static str, String)>) {
+    let file = dir.join("opjournal.toml");
+    let url = format!("sqlite://{}", dir.join("journal.db").display());
+    std::fs::write(
+        &file,
+        format!(
+            "database_url = \"{url}\"\nmax_in_flight_requests = 9\n\
+             drain_delay_seconds = 0.5\nmetrics_listen = \"127.0.0.1:0\"\n"
+        ),
+    )
+    .unwrap();
+    let env = vec![
+        ("OPJOURNAL_MAX_CONNECTIONS", "4".to_owned()),
+        ("OPJOURNAL_READINESS_INTERVAL_SECONDS", "1.5".to_owned()),
+        (
+            "OPJOURNAL_KEY_DERIVATION_SECRET",
+            "a-secret-of-at-least-thirty-two-bytes".to_owned(),
+        ),
+        ("OPJOURNAL_LIMITS__MAX_PAGE_SIZE", "50".to_owned()),
+    ];
+    (file, env)
+}
+
+/// The deprecation notices a flat file and old variables of [`flat_config`] bring, one each.
+const FLAT_NOTICES: [&str; 7] = [
+    "database_url is deprecated: use [database] url",
+    "max_in_flight_requests is deprecated: use [limits] max_in_flight_requests",
+    "drain_delay_seconds is deprecated: use [server] drain_delay",
+    "metrics_listen is deprecated: use [server] metrics_listen",
+    "OPJOURNAL_MAX_CONNECTIONS is deprecated: use OPJOURNAL_DATABASE__MAX_CONNECTIONS",
+    "OPJOURNAL_READINESS_INTERVAL_SECONDS is deprecated: use OPJOURNAL_SERVER__READINESS_INTERVAL",
+    "OPJOURNAL_KEY_DERIVATION_SECRET is deprecated: use OPJOURNAL_SERVER__KEY_DERIVATION_SECRET",
+];
+
+#[tokio::test]
+async fn check_config_reads_a_flat_file_warns_once_per_old_key_and_prints_sections() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, env) = flat_config(dir.path());
+    let output = Command::new(env!("CARGO_BIN_EXE_opjournal"))
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    for notice in FLAT_NOTICES {
+        assert_eq!(stderr.matches(notice).count(), 1, "{notice}\n{stderr}");
+    }
+    assert_eq!(
+        stderr.matches("deprecated").count(),
+        FLAT_NOTICES.len(),
+        "{stderr}"
+    );
+    for line in [
+        "[server]",
+        "drain_delay = \"500ms\"",
+        "readiness_interval = \"1s 500ms\"",
+        "key_derivation_secret = \"[redacted]\"",
+        "[database]",
+        "max_connections = 4",
+        "[limits]",
+        "max_in_flight_requests = 9",
+        "max_page_size = 50",
+        "[telemetry]",
+    ] {
+        assert!(stdout.lines().any(|l| l == line), "{line}\n{stdout}");
+    }
+    assert!(!stdout.contains("thirty-two"), "{stdout}");
+    assert!(stdout.contains("configuration and policy are valid"));
+}
+
+#[tokio::test]
+async fn serve_starts_on_a_flat_file_and_old_variables_with_one_warning_per_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, env) = flat_config(dir.path());
+    let file = file.display().to_string();
+    let args: Vec<String> = ["serve", "--listen", "127.0.0.1:0", "--config", &file]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (mut child, address) = start_logging(
+        env!("CARGO_BIN_EXE_opjournal"),
+        &args,
+        &env,
+        Stdio::piped(),
+        "opjournal listening on",
+    )
+    .await;
+    wait_serving(&address, "readiness").await;
+    let mut stderr = child.stderr.take().unwrap();
+    terminate(child).await;
+    let mut log = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut log)
+        .await
+        .unwrap();
+    for notice in FLAT_NOTICES {
+        assert_eq!(log.matches(notice).count(), 1, "{notice}\n{log}");
+    }
+    assert!(!log.contains("thirty-two"), "{log}");
+}

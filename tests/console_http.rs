@@ -681,7 +681,7 @@ async fn without_tokens_the_server_refuses_a_console_other_hosts_can_reach() {
         .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("console_listen"), "{stderr}");
+    assert!(stderr.contains("console.listen"), "{stderr}");
     let allowed = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
         .args([
             "check-config",

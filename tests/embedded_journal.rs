@@ -316,7 +316,7 @@ async fn check_config_accepts_both_backends_and_refuses_others() {
         )
         .await;
         assert!(!ok, "{url}: {stdout}");
-        assert!(stderr.contains("database_url"), "{stderr}");
+        assert!(stderr.contains("database.url"), "{stderr}");
         assert!(stderr.contains(says), "{stderr}");
         assert!(!stderr.contains("hunter2"), "{stderr}");
     }

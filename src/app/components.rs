@@ -39,8 +39,11 @@ impl Components {
             tracing::warn!(warning = %warning, "the policy weakens a lookup's proof");
         }
         let adapters = AdapterSet::from_policy(&policy)?;
-        let database = Database::connect_lazy(&config.database_url, config.max_connections)?
-            .with_group_commit(group_commit(config));
+        let database = Database::connect_lazy(
+            config.database.url.expose(),
+            config.database.max_connections,
+        )?
+        .with_group_commit(group_commit(config));
         let mut parts = Self::new(
             database,
             policy,
@@ -48,7 +51,7 @@ impl Components {
             config.request_limits(),
             metrics.clone(),
         );
-        if let Some(secret) = &config.key_derivation_secret {
+        if let Some(secret) = &config.server.key_derivation_secret {
             let deriver = KeyDeriver::new(secret.expose().as_bytes())?;
             parts.journal = parts.journal.with_key_deriver(deriver);
         }
@@ -88,12 +91,12 @@ impl Components {
         let worker = Worker::new(
             self.reconciler.clone(),
             WorkerConfig {
-                poll_interval: Config::seconds(config.reconcile_poll_seconds),
-                batch_size: config.reconcile_batch_size,
-                concurrency: config.reconcile_concurrency,
-                claim_hold: Config::seconds(config.reconcile_claim_hold_seconds),
-                purge_interval: Config::seconds(config.purge_interval_seconds),
-                purge_batch_size: config.purge_batch_size,
+                poll_interval: config.reconcile.poll_interval,
+                batch_size: config.reconcile.batch_size,
+                concurrency: config.reconcile.concurrency,
+                claim_hold: config.reconcile.claim_hold,
+                purge_interval: config.reconcile.purge_interval,
+                purge_batch_size: config.reconcile.purge_batch_size,
             },
         );
         worker
@@ -107,7 +110,7 @@ impl Components {
 ///
 /// Errors: the file is unreadable or invalid (the message names the file and setting).
 pub fn load_policy(config: &Config) -> Result<Policy, PolicyError> {
-    match &config.policy_file {
+    match &config.server.policy_file {
         Some(path) => Policy::load(path),
         None => Ok(Policy::builtin()),
     }
@@ -119,7 +122,7 @@ pub fn load_policy(config: &Config) -> Result<Policy, PolicyError> {
 ///
 /// Errors: the file is unreadable or invalid (the message names the file and setting).
 pub fn policy_warnings(config: &Config) -> Result<Vec<String>, PolicyError> {
-    let Some(path) = &config.policy_file else {
+    let Some(path) = &config.server.policy_file else {
         return Ok(Vec::new());
     };
     let (_, warnings) = Policy::load_with_warnings(path)?;
@@ -139,9 +142,9 @@ pub fn policy_warnings(config: &Config) -> Result<Vec<String>, PolicyError> {
 /// The group commit `config` asks for: `group_commit_lanes` per kind of write, at most
 /// `(max_connections - 1) / 2` (at least one); `None` when it is `0`.
 fn group_commit(config: &Config) -> Option<GroupCommit> {
-    let spare = (config.max_connections.saturating_sub(1) / 2).max(1) as usize;
-    (config.group_commit_lanes > 0).then(|| GroupCommit {
-        lanes: config.group_commit_lanes.min(spare),
+    let spare = (config.database.max_connections.saturating_sub(1) / 2).max(1) as usize;
+    (config.database.group_commit_lanes > 0).then(|| GroupCommit {
+        lanes: config.database.group_commit_lanes.min(spare),
         ..GroupCommit::default()
     })
 }
@@ -154,22 +157,22 @@ pub fn webhook_config(
     config: &Config,
 ) -> Result<Option<crate::reconcile::webhook::WebhookConfig>, String> {
     use crate::domain::escalation::{RetrySchedule, WebhookSecret};
-    let (Some(url), Some(secret)) = (&config.webhook_url, &config.webhook_secret) else {
+    let (Some(url), Some(secret)) = (&config.webhook.url, &config.webhook.secret) else {
         return Ok(None);
     };
     Ok(Some(crate::reconcile::webhook::WebhookConfig {
-        url: reqwest::Url::parse(url).map_err(|_| "webhook_url: not a URL".to_owned())?,
+        url: reqwest::Url::parse(url.expose()).map_err(|_| "webhook.url: not a URL".to_owned())?,
         secret: WebhookSecret::parse(secret.expose())?,
-        timeout: Config::seconds(config.webhook_timeout_seconds),
-        claim_lease: Config::seconds(config.webhook_claim_seconds),
+        timeout: config.webhook.timeout,
+        claim_lease: config.webhook.claim_hold,
         schedule: RetrySchedule {
-            base: Config::seconds(config.webhook_retry_base_seconds),
-            cap: Config::seconds(config.webhook_retry_cap_seconds),
-            max_age: Config::seconds(config.webhook_max_age_seconds),
+            base: config.webhook.retry_base,
+            cap: config.webhook.retry_cap,
+            max_age: config.webhook.max_age,
         },
-        poll_interval: Config::seconds(config.webhook_poll_seconds),
-        batch_size: config.webhook_batch_size,
-        sample_interval: Config::seconds(config.backlog_sample_seconds),
+        poll_interval: config.webhook.poll_interval,
+        batch_size: config.webhook.batch_size,
+        sample_interval: config.reconcile.backlog_sample_interval,
     }))
 }
 

@@ -27,23 +27,23 @@ use crate::telemetry::{Metrics, Telemetry, admin};
 pub fn serve_options(config: &Config, metrics: &Metrics) -> Result<ServeOptions, StartError> {
     config.check_exposure()?;
     let registry = config.token_registry()?;
-    let tls = match (&config.tls_cert_file, &config.tls_key_file) {
+    let tls = match (&config.tls.cert_file, &config.tls.key_file) {
         (Some(cert_file), Some(key_file)) => Some(
             tls::server_config(&ServerTlsFiles {
                 cert_file: cert_file.clone(),
                 key_file: key_file.clone(),
-                client_ca_file: config.tls_client_ca_file.clone(),
+                client_ca_file: config.tls.client_ca_file.clone(),
             })?
-            .reload_every(Config::seconds(config.tls_reload_seconds)),
+            .reload_every(config.tls.reload_interval),
         ),
         _ => None,
     };
     Ok(ServeOptions {
-        readiness_interval: Config::seconds(config.readiness_interval_seconds),
-        drain_delay: Config::seconds(config.drain_delay_seconds),
+        readiness_interval: config.server.readiness_interval,
+        drain_delay: config.server.drain_delay,
         auth: Authenticator::new(registry),
         tls,
-        max_message_bytes: config.max_message_bytes,
+        max_message_bytes: config.limits.max_message_bytes,
         limits: config.transport_limits(),
         metrics: metrics.clone(),
     })
@@ -60,20 +60,20 @@ pub fn log_security(config: &Config, options: &ServeOptions) {
     if options.auth.is_enabled() {
         tracing::info!(
             tokens = options.auth.tokens(),
-            tokens_file = config.tokens_file.is_some(),
+            tokens_file = config.auth.tokens_file.is_some(),
             tls,
             "bearer-token authentication on"
         );
-    } else if config.listen.ip().is_loopback() {
+    } else if config.server.listen.ip().is_loopback() {
         tracing::info!(tls, "authentication off (no tokens configured)");
-    } else if config.tls_client_ca_file.is_some() {
+    } else if config.tls.client_ca_file.is_some() {
         tracing::info!(
             tls,
             "callers authenticated by client certificate (no tokens)"
         );
     } else {
         tracing::warn!(
-            listen = %config.listen,
+            listen = %config.server.listen,
             tls,
             "authentication off on an address other hosts can reach \
              (insecure_allow_unauthenticated): every caller can read and change every \
@@ -102,7 +102,7 @@ pub fn console_options_with(
     access: ConsoleAccess,
     tls: Option<tls::ServerTls>,
 ) -> ConsoleOptions {
-    let mut options = ConsoleOptions::new(access, tls, config.max_result_bytes);
+    let mut options = ConsoleOptions::new(access, tls, config.limits.max_result_bytes);
     options.limits = config.console_limits();
     options
 }

@@ -33,7 +33,9 @@ impl WorkerApplication {
     /// Errors: invalid settings (a claim hold too short for the policy's lookups among them)
     /// or an unusable database.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let telemetry = process::init_telemetry(config.log_format, "opjournal-reconciler")?;
+        let telemetry =
+            process::init_telemetry(config.telemetry.log_format, "opjournal-reconciler")?;
+        config.warn_deprecations();
         match Self::parts(&config, &telemetry).await {
             Ok((components, worker)) => Ok(Self {
                 config,
@@ -51,7 +53,7 @@ impl WorkerApplication {
         if components.database.backend() == Backend::Sqlite {
             components
                 .database
-                .prepare(&config.database_url)
+                .prepare(config.database.url.expose())
                 .await
                 .context("prepare the journal file")?;
         }
@@ -95,12 +97,12 @@ async fn run(
     worker: &Worker,
 ) -> anyhow::Result<()> {
     let shutdown = process::shutdown_on_signals();
-    let (listener, address) = bind(config.reconciler_health_listen, "").await?;
+    let (listener, address) = bind(config.reconcile.health_listen, "").await?;
     announce(&format!("opjournal-reconciler health on {address}"));
     // The metrics endpoint outlives the worker's last poll, so the last scrape sees it.
     let metrics = MetricsEndpoint::start(
         telemetry,
-        config.reconciler_metrics_listen,
+        config.reconcile.metrics_listen,
         "opjournal-reconciler",
     )
     .await?;
@@ -108,13 +110,13 @@ async fn run(
     let health = tokio::spawn(api::serve_health(
         store.clone(),
         listener,
-        Config::seconds(config.readiness_interval_seconds),
+        config.server.readiness_interval,
         config.transport_limits(),
         shutdown.clone(),
     ));
     let sampler = tokio::spawn(telemetry.metrics().clone().run_backlog_sampler(
         store,
-        Config::seconds(config.backlog_sample_seconds),
+        config.reconcile.backlog_sample_interval,
         shutdown.clone(),
     ));
     let webhooks = start_webhooks(config, telemetry, components, &shutdown)?;

@@ -40,7 +40,8 @@ impl Application {
     ///
     /// Errors: invalid settings, an unusable database, or an address that cannot be bound.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let telemetry = process::init_telemetry(config.log_format, "opjournal-server")?;
+        let telemetry = process::init_telemetry(config.telemetry.log_format, "opjournal-server")?;
+        config.warn_deprecations();
         process::install_crypto_provider();
         match Running::start(&config, &telemetry).await {
             Ok(running) => Ok(Self { telemetry, running }),
@@ -65,19 +66,20 @@ impl Running {
         let options = listeners::serve_options(config, telemetry.metrics())?;
         components.database.log_backend();
         // The embedded journal needs no setup: its file and schema are made at start.
-        if config.migrate_on_start || components.database.backend() == Backend::Sqlite {
+        if config.database.migrate_on_start || components.database.backend() == Backend::Sqlite {
             components
                 .database
-                .prepare(&config.database_url)
+                .prepare(config.database.url.expose())
                 .await
                 .context("migrate on start")?;
         }
-        let (grpc, address) = bind(config.listen, "").await?;
+        let (grpc, address) = bind(config.server.listen, "").await?;
         tracing::info!(%address, "opjournal serving gRPC");
         announce(&format!("opjournal listening on {address}"));
         // The metrics endpoint outlives the gRPC server's drain, so the last scrape sees it.
-        let metrics = MetricsEndpoint::start(telemetry, config.metrics_listen, "opjournal").await?;
-        let health = match config.health_listen {
+        let metrics =
+            MetricsEndpoint::start(telemetry, config.server.metrics_listen, "opjournal").await?;
+        let health = match config.server.health_listen {
             Some(address) => {
                 let (listener, bound) = bind(address, " (health)").await?;
                 tracing::info!(address = %bound, "serving gRPC health in plaintext");
@@ -88,7 +90,7 @@ impl Running {
         };
         listeners::log_security(config, &options);
         let shutdown = process::shutdown_on_signals();
-        let console = match config.console_listen {
+        let console = match config.console.listen {
             Some(address) => {
                 let console_options = listeners::console_options(config, &options)?;
                 let (url, task) = listeners::serve_console(

@@ -34,7 +34,8 @@ pub struct CopyFlags {
 /// The configuration of a command that runs and exits, with logging installed.
 fn configured(flags: &CommonFlags) -> anyhow::Result<Config> {
     let config = Config::load(flags.config.as_ref(), flags)?;
-    app::init_tracing(config.log_format);
+    app::init_tracing(config.telemetry.log_format);
+    config.warn_deprecations();
     Ok(config)
 }
 
@@ -44,7 +45,7 @@ pub async fn migrate(flags: CommonFlags) -> anyhow::Result<()> {
     let parts = Components::build(&config, &Metrics::disabled())?;
     parts
         .database
-        .prepare(&config.database_url)
+        .prepare(config.database.url.expose())
         .await
         .context("migrate")?;
     println!("migrations applied ({})", parts.database.backend().name());
@@ -57,7 +58,9 @@ pub async fn purge(flags: PurgeFlags) -> anyhow::Result<()> {
     let parts = Components::build(&config, &Metrics::disabled())?;
     let purged = opjournal::reconcile::worker::purge(
         parts.store.as_ref(),
-        flags.batch_size.unwrap_or(config.purge_batch_size),
+        flags
+            .batch_size
+            .unwrap_or(config.reconcile.purge_batch_size),
         flags.max_batches,
     )
     .await
@@ -70,17 +73,21 @@ pub async fn purge(flags: PurgeFlags) -> anyhow::Result<()> {
 /// `opjournal check-config`.
 pub fn check_config(flags: CommonFlags) -> anyhow::Result<()> {
     let config = Config::load(flags.config.as_ref(), &flags)?;
+    for notice in config.deprecations() {
+        eprintln!("warning: {notice}");
+    }
     for warning in app::check_config(&config)? {
         eprintln!("warning: {warning}");
     }
-    println!("configuration and policy are valid");
+    print!("{}", config.to_toml());
+    println!("# configuration and policy are valid");
     Ok(())
 }
 
 /// `opjournal copy-journal`.
 pub async fn copy_journal(flags: CopyFlags) -> anyhow::Result<()> {
     let config = configured(&flags.common)?;
-    let Database::Sqlite(source) = Database::connect_lazy(&config.database_url, 2)? else {
+    let Database::Sqlite(source) = Database::connect_lazy(config.database.url.expose(), 2)? else {
         anyhow::bail!(
             "copy-journal copies an embedded journal: database_url must be a sqlite: URL"
         );

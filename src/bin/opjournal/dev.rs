@@ -155,10 +155,11 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
             reconcile_poll_seconds: POLL_SECONDS,
         },
     )?;
+    config.warn_deprecations();
     let parts = Components::build(&config, &Metrics::disabled())?;
     parts
         .database
-        .prepare(&config.database_url)
+        .prepare(config.database.url.expose())
         .await
         .context("prepare the journal file")?;
     let token = ConsoleToken::generate();
