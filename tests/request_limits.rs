@@ -32,7 +32,7 @@ async fn spawn_small(pool: PgPool) -> TestApp {
         pool,
         SpawnOptions {
             limits: config.request_limits(),
-            max_message_bytes: config.max_message_bytes,
+            max_message_bytes: config.limits.max_message_bytes,
             ..SpawnOptions::default()
         },
     )
@@ -160,7 +160,7 @@ fn limits_and_tls_settings_are_validated_naming_the_setting() {
             limits.max_result_bytes,
             limits.max_json_depth,
             limits.max_page_size,
-            config.max_message_bytes
+            config.limits.max_message_bytes
         ),
         (256 * 1024, 64 * 1024, 32, 500, 1024 * 1024)
     );
