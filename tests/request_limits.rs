@@ -144,9 +144,9 @@ fn limits_and_tls_settings_are_validated_naming_the_setting() {
         ("max_json_depth = 1000", "max_json_depth"),
         ("max_page_size = 0", "max_page_size"),
         ("max_result_bytes = 0", "max_result_bytes"),
-        ("tls_cert_file = \"server.pem\"", "tls_key_file"),
-        ("tls_key_file = \"server-key.pem\"", "tls_cert_file"),
-        ("tls_client_ca_file = \"ca.pem\"", "tls_client_ca_file"),
+        ("tls_cert_file = \"server.pem\"", "tls.key_file"),
+        ("tls_key_file = \"server-key.pem\"", "tls.cert_file"),
+        ("tls_client_ca_file = \"ca.pem\"", "tls.client_ca_file"),
     ];
     for (toml, setting) in cases {
         let error = load(toml).unwrap_err();
