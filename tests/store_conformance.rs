@@ -1440,6 +1440,14 @@ async fn the_same_request_is_found_under_other_keys(fx: &Fixture) {
             .unwrap(),
         None
     );
+    // A key registered itself is a retry, not a new intent: the same statement says so.
+    fx.register("new", LEASE).await;
+    assert_eq!(
+        find("new", window).await,
+        None,
+        "a retry of an existing key"
+    );
+    assert_eq!(find("other", window).await.as_deref(), Some("new"));
 }
 
 // ---------------------------------------------------------------------------------------------
