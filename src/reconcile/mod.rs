@@ -29,10 +29,12 @@ use std::time::Duration;
 use crate::domain::canonical;
 use crate::domain::error::JournalError;
 use crate::domain::model::{
-    ActionType, Attribution, ExternalId, Namespace, OperationEvent, OperationRecord, Status,
+    ActionType, Attribution, ErrorCode, ExternalId, Namespace, OperationEvent, OperationRecord,
+    Status,
 };
 use crate::domain::policy::{ActionPolicy, AdapterKind, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
+use crate::domain::transition::EscalationReason;
 use crate::journal::{OperationRef, PageToken, RequestLimits, page_limit};
 use crate::store::{
     HistoryQuery, JournalStore, Lookup, OutboxEntry, OutboxStats, QueueStats, Resolution,
@@ -265,7 +267,7 @@ impl Reconciler {
         let Ok(action) = self.action_policy(&record) else {
             // Neither the recorded rules nor today's file know the action: a person decides.
             let escalate = Resolution::Escalate {
-                reason: "action_not_configured".into(),
+                reason: EscalationReason::ActionNotConfigured,
             };
             let attribution =
                 Attribution::worker(self.actor.clone(), "escalated:action_not_configured");
@@ -385,7 +387,7 @@ impl Reconciler {
             ),
             None => (
                 Resolution::Escalate {
-                    reason: "no_provider_lookup".into(),
+                    reason: EscalationReason::NoProviderLookup,
                 },
                 Lookup::NotMade,
             ),
@@ -451,14 +453,12 @@ impl Reconciler {
                 external_id,
                 result_json,
             } => Resolution::Succeeded {
-                external_id: external_id.map(|id| id.as_str().to_owned()),
+                external_id,
                 result_json: (self.limits)
                     .result("succeeded.result_json", &result_json)?
                     .map(|value| canonical::canonicalize(&value)),
             },
-            ReviewDecision::FailedFinal { error_code } => Resolution::FailedFinal {
-                error_code: error_code.as_str().to_owned(),
-            },
+            ReviewDecision::FailedFinal { error_code } => Resolution::FailedFinal { error_code },
             ReviewDecision::ReleaseForRetry => Resolution::ReleaseForRetry,
         };
         let current = self
@@ -663,6 +663,12 @@ fn sanitize_observation(observation: Observation, rules: &ResultRules<'_>) -> Ob
                 Err(SanitizeError::TooLarge(_)) => failed("result_too_large"),
                 Err(SanitizeError::Invalid) => failed("invalid_result_json"),
             }
+        }
+        // A code the journal cannot store makes the lookup a failed one, like an id.
+        Observation::Failed { code }
+            if !matches!(ErrorCode::parse_optional(&code), Ok(Some(_))) =>
+        {
+            failed("invalid_error_code")
         }
         other => other,
     }
