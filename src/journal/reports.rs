@@ -174,6 +174,8 @@ impl Journal {
         if let Some((record, from)) = applied {
             return Ok((record, Some(from)));
         }
+        // Refused by the report's fence (`fence_report.sql`, the one statement of who may
+        // report): the row, read again, only says why.
         let row = self
             .store
             .get(&token.namespace, &token.operation_key)
