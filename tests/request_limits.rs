@@ -32,7 +32,7 @@ async fn spawn_small(pool: PgPool) -> TestApp {
         pool,
         SpawnOptions {
             limits: config.request_limits(),
-            max_message_bytes: config.max_message_bytes,
+            max_message_bytes: config.limits.max_message_bytes,
             ..SpawnOptions::default()
         },
     )
@@ -144,9 +144,9 @@ fn limits_and_tls_settings_are_validated_naming_the_setting() {
         ("max_json_depth = 1000", "max_json_depth"),
         ("max_page_size = 0", "max_page_size"),
         ("max_result_bytes = 0", "max_result_bytes"),
-        ("tls_cert_file = \"server.pem\"", "tls_key_file"),
-        ("tls_key_file = \"server-key.pem\"", "tls_cert_file"),
-        ("tls_client_ca_file = \"ca.pem\"", "tls_client_ca_file"),
+        ("tls_cert_file = \"server.pem\"", "tls.key_file"),
+        ("tls_key_file = \"server-key.pem\"", "tls.cert_file"),
+        ("tls_client_ca_file = \"ca.pem\"", "tls.client_ca_file"),
     ];
     for (toml, setting) in cases {
         let error = load(toml).unwrap_err();
@@ -160,7 +160,7 @@ fn limits_and_tls_settings_are_validated_naming_the_setting() {
             limits.max_result_bytes,
             limits.max_json_depth,
             limits.max_page_size,
-            config.max_message_bytes
+            config.limits.max_message_bytes
         ),
         (256 * 1024, 64 * 1024, 32, 500, 1024 * 1024)
     );

@@ -24,6 +24,7 @@ use opjournal::domain::model::{
     OperationRecord, Status,
 };
 use opjournal::domain::policy::Policy;
+use opjournal::domain::transition::EscalationReason;
 use opjournal::journal::{
     BeginOutcome, Complete, Fail, Journal, Renew, ReportUnknown, RequestLimits,
 };
@@ -187,6 +188,14 @@ type Who = (ActorKind, String, Option<String>);
 
 const LEASE: Duration = Duration::from_secs(30);
 const HOLD: Duration = Duration::from_secs(60);
+
+fn code(text: &str) -> ErrorCode {
+    ErrorCode::parse_optional(text).unwrap().unwrap()
+}
+
+fn external_id(text: &str) -> ExternalId {
+    ExternalId::parse_optional(text).unwrap().unwrap()
+}
 
 fn ns() -> Namespace {
     Namespace::parse("").unwrap()
@@ -443,7 +452,7 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
         .unwrap();
     let found = Attribution::worker("w", "found_succeeded");
     let resolution = Resolution::Succeeded {
-        external_id: Some("pay_1".into()),
+        external_id: Some(external_id("pay_1")),
         result_json: None,
     };
     assert!(
@@ -595,7 +604,7 @@ async fn concurrent_resolutions_of_one_read_apply_once(fx: &Fixture) {
                 Resolution::ReleaseForRetry
             } else {
                 Resolution::Succeeded {
-                    external_id: Some(format!("pay_{i}")),
+                    external_id: Some(external_id(&format!("pay_{i}"))),
                     result_json: None,
                 }
             };
@@ -628,7 +637,7 @@ async fn terminal_rows_and_the_history_cannot_be_rewritten(fx: &Fixture) {
         .resolve(
             &read,
             &Resolution::FailedFinal {
-                error_code: "card_declined".into(),
+                error_code: code("card_declined"),
             },
             &Attribution::worker("w", "found_failed"),
             Lookup::Made,
@@ -701,7 +710,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
         .resolve(
             &kept,
             &Resolution::Escalate {
-                reason: "unresolved_after_deadline".into(),
+                reason: EscalationReason::UnresolvedAfterDeadline,
             },
             &Attribution::worker("w2", "escalated"),
             Lookup::NotMade,
@@ -725,7 +734,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
         .resolve(
             &escalated,
             &Resolution::Succeeded {
-                external_id: Some("pay_1".into()),
+                external_id: Some(external_id("pay_1")),
                 result_json: Some(r#"{"id":"pay_1"}"#.into()),
             },
             &reviewer,
@@ -1055,7 +1064,7 @@ async fn an_operation_under_review_is_never_claimed(fx: &Fixture) {
         .resolve(
             &read,
             &Resolution::Escalate {
-                reason: "no_provider_lookup".into(),
+                reason: EscalationReason::NoProviderLookup,
             },
             &Attribution::worker("w", "escalated"),
             Lookup::NotMade,
@@ -1166,7 +1175,7 @@ async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
             .resolve(
                 &read,
                 &Resolution::Escalate {
-                    reason: "no_provider_lookup".into(),
+                    reason: EscalationReason::NoProviderLookup,
                 },
                 &Attribution::worker("w", "escalated"),
                 Lookup::NotMade,
@@ -1232,7 +1241,7 @@ fn review_query() -> ReviewQuery {
 /// Escalates the unknown operation `read` to review.
 async fn escalate(fx: &Fixture, read: &OperationRecord) -> OperationRecord {
     let escalate = Resolution::Escalate {
-        reason: "no_provider_lookup".into(),
+        reason: EscalationReason::NoProviderLookup,
     };
     let by = Attribution::worker("w", "escalated");
     let resolve = fx.store.resolve(read, &escalate, &by, Lookup::NotMade);
@@ -1440,6 +1449,14 @@ async fn the_same_request_is_found_under_other_keys(fx: &Fixture) {
             .unwrap(),
         None
     );
+    // A key registered itself is a retry, not a new intent: the same statement says so.
+    fx.register("new", LEASE).await;
+    assert_eq!(
+        find("new", window).await,
+        None,
+        "a retry of an existing key"
+    );
+    assert_eq!(find("other", window).await.as_deref(), Some("new"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2172,7 +2189,7 @@ async fn backlog_stats_count_unknown_and_review_and_age_the_oldest(f: &Fixture) 
         .resolve(
             &recent,
             &Resolution::Escalate {
-                reason: "no_provider_lookup".into(),
+                reason: EscalationReason::NoProviderLookup,
             },
             &Attribution::worker("w", "escalated"),
             Lookup::NotMade,
@@ -2240,7 +2257,7 @@ async fn backlog_stats_find_operations_past_their_deadline_and_the_longest_revie
         .resolve(
             &in_review,
             &Resolution::Escalate {
-                reason: "unresolved_after_deadline".into(),
+                reason: EscalationReason::UnresolvedAfterDeadline,
             },
             &Attribution::worker("w", "escalated"),
             Lookup::NotMade,
@@ -2437,7 +2454,7 @@ impl Fixture {
     async fn escalated(&self, key: &str) -> OperationRecord {
         let read = self.unknown(key).await;
         let escalate = Resolution::Escalate {
-            reason: "no_provider_lookup".into(),
+            reason: EscalationReason::NoProviderLookup,
         };
         let who = Attribution::worker("w", "escalated");
         let resolve = self.store.resolve(&read, &escalate, &who, Lookup::NotMade);
@@ -2460,7 +2477,7 @@ async fn escalation_and_resolution_each_write_one_event(fx: &Fixture) {
         "no event before review"
     );
     let escalate = Resolution::Escalate {
-        reason: "no_provider_lookup".into(),
+        reason: EscalationReason::NoProviderLookup,
     };
     let who = Attribution::worker("w", "escalated");
     let escalated = fx.store.resolve(&read, &escalate, &who, Lookup::NotMade);
@@ -2657,7 +2674,7 @@ async fn two_delivery_workers_never_claim_one_event_twice(fx: &Fixture) {
 async fn purge_takes_an_operations_events_with_it(fx: &Fixture) {
     let escalated = fx.escalated("done").await;
     let declined = Resolution::FailedFinal {
-        error_code: "card_declined".into(),
+        error_code: code("card_declined"),
     };
     let alice = reviewer("alice", "declined");
     let resolve = fx

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::domain::error::ErrorReason;
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::model::{
     ActionType, ActorKind, Attribution, ExternalId, Namespace, OperationEvent, OperationRecord,
@@ -19,7 +20,6 @@ use crate::proto::resolve_operation_request::Resolution as ProtoResolution;
 use crate::reconcile::{
     History, Observation, ReconcileAction, Resolve, ReviewDecision, ReviewFilter, ReviewQueue,
 };
-use crate::domain::error::ErrorReason;
 
 /// A protobuf timestamp from a database time.
 pub fn timestamp(time: DateTime<Utc>) -> prost_types::Timestamp {
@@ -142,10 +142,13 @@ pub fn event(event: &OperationEvent) -> proto::OperationEvent {
     }
 }
 
-impl From<proto::BeginOperationRequest> for BeginRequest {
-    fn from(r: proto::BeginOperationRequest) -> Self {
-        Self {
-            namespace: r.namespace,
+impl TryFrom<proto::BeginOperationRequest> for BeginRequest {
+    type Error = JournalError;
+
+    /// Parses the namespace (the rest is validated by `Journal::begin_request`).
+    fn try_from(r: proto::BeginOperationRequest) -> Result<Self, JournalError> {
+        Ok(Self {
+            namespace: Namespace::parse(&r.namespace)?,
             operation_key: r.operation_key,
             action_type: r.action_type,
             payload_json: r.payload_json,
@@ -154,7 +157,7 @@ impl From<proto::BeginOperationRequest> for BeginRequest {
             confirm_duplicate_intent: r.confirm_duplicate_intent,
             attempt_id: r.attempt_id,
             trace_context: None,
-        }
+        })
     }
 }
 

@@ -9,7 +9,7 @@ use super::auth::{self, check_namespace};
 use super::convert;
 use super::status::journal_status;
 use crate::domain::access::Rpc;
-use crate::domain::model::{Namespace, OperationRecord};
+use crate::domain::model::OperationRecord;
 use crate::journal::{
     BeginOutcome, BeginRequest, Complete, DeriveKey, Fail, Journal, ListOperations, OperationRef,
     Renew, ReportUnknown,
@@ -45,12 +45,17 @@ impl OperationJournal for JournalService {
         let caller = auth::caller(&request, Rpc::BeginOperation)?;
         let trace_context = propagation::registering_trace_context(request.metadata().as_ref());
         let r = request.into_inner();
-        check_namespace(&caller, &Namespace::parse(&r.namespace).map_err(journal_status)?)?;
+        let request = BeginRequest::try_from(r).map_err(journal_status)?;
+        check_namespace(&caller, &request.namespace)?;
         let request = BeginRequest {
             trace_context,
-            ..BeginRequest::from(r)
+            ..request
         };
-        let outcome = self.journal.begin_request(request).await.map_err(journal_status)?;
+        let outcome = self
+            .journal
+            .begin_request(request)
+            .await
+            .map_err(journal_status)?;
         tracing::Span::current().record("opjournal.begin.decision", outcome.decision());
         let answer =
             |decision: proto::Decision, record: &OperationRecord| proto::BeginOperationResponse {
@@ -90,7 +95,11 @@ impl OperationJournal for JournalService {
         let caller = auth::caller(&request, Rpc::CompleteOperation)?;
         let command = Complete::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.token.namespace)?;
-        let record = self.journal.complete(command).await.map_err(journal_status)?;
+        let record = self
+            .journal
+            .complete(command)
+            .await
+            .map_err(journal_status)?;
         Ok(Response::new(proto::CompleteOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -116,7 +125,11 @@ impl OperationJournal for JournalService {
         let caller = auth::caller(&request, Rpc::ReportUnknownOutcome)?;
         let command = ReportUnknown::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.token.namespace)?;
-        let record = self.journal.report_unknown(command).await.map_err(journal_status)?;
+        let record = self
+            .journal
+            .report_unknown(command)
+            .await
+            .map_err(journal_status)?;
         Ok(Response::new(proto::ReportUnknownOutcomeResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -168,7 +181,8 @@ impl OperationJournal for JournalService {
         let caller = auth::caller(&request, Rpc::ListOperations)?;
         let command = ListOperations::try_from(request.into_inner()).map_err(journal_status)?;
         check_namespace(&caller, &command.namespace)?;
-        let (records, next_page_token) = self.journal.list(command).await.map_err(journal_status)?;
+        let (records, next_page_token) =
+            self.journal.list(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::ListOperationsResponse {
             operations: records.iter().map(convert::operation).collect(),
             next_page_token,

@@ -4,10 +4,10 @@
 //! limits (the size and depth of a payload or a result, the number of references, a page's
 //! size) the use case checks.
 
+use crate::domain::error::ErrorReason;
 use crate::domain::error::{FieldViolation, JournalError};
 use crate::domain::lease::{AsLeaseToken, LeaseToken};
 use crate::domain::model::{ActionType, ErrorCode, ExternalId, Namespace, OperationKey, Status};
-use crate::domain::error::ErrorReason;
 
 /// One operation, by its key (`GetOperation`, `ReconcileOperation`, the review and history
 /// of one operation).

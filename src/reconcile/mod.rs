@@ -16,10 +16,16 @@
 //! `unknown_after_seconds` is escalated (`on_unresolved: require_human_review`). An operation
 //! under review is never looked up or retried automatically again; a reviewer settles it
 //! with a compare-and-set on the attempt they saw.
+//!
+//! Whether a resolution or a lookup claim may apply is the store's fences' to say
+//! (`fence_read.sql`, `claim_for_reconcile.sql`; see [`crate::domain::transition`]); this
+//! module reads the row before only to choose what to ask and which refusal to answer. The
+//! reads of the review queue, the history and the outbox are in `reads.rs`.
 
 pub mod adapter;
 mod command;
 pub mod grpc;
+mod reads;
 pub mod webhook;
 pub mod worker;
 
@@ -28,16 +34,12 @@ use std::time::Duration;
 
 use crate::domain::canonical;
 use crate::domain::error::JournalError;
-use crate::domain::model::{
-    ActionType, Attribution, ExternalId, Namespace, OperationEvent, OperationRecord, Status,
-};
+use crate::domain::model::{Attribution, ErrorCode, ExternalId, OperationRecord, Status};
 use crate::domain::policy::{ActionPolicy, AdapterKind, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
-use crate::journal::{OperationRef, PageToken, RequestLimits, page_limit};
-use crate::store::{
-    HistoryQuery, JournalStore, Lookup, OutboxEntry, OutboxStats, QueueStats, Resolution,
-    ReviewQuery,
-};
+use crate::domain::transition::EscalationReason;
+use crate::journal::{OperationRef, RequestLimits};
+use crate::store::{JournalStore, Lookup, Resolution};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 pub use adapter::{AdapterEntry, AdapterSet, LookupRequest, Observation, ProviderAdapter};
@@ -264,11 +266,10 @@ impl Reconciler {
     ) -> Result<ReconcileReport, JournalError> {
         let Ok(action) = self.action_policy(&record) else {
             // Neither the recorded rules nor today's file know the action: a person decides.
-            let escalate = Resolution::Escalate {
-                reason: "action_not_configured".into(),
-            };
+            let reason = EscalationReason::ActionNotConfigured;
+            let escalate = Resolution::Escalate { reason };
             let attribution =
-                Attribution::worker(self.actor.clone(), "escalated:action_not_configured");
+                Attribution::worker(self.actor.clone(), format!("escalated:{reason}"));
             return match self
                 .store
                 .resolve(&record, &escalate, &attribution, Lookup::NotMade)
@@ -385,7 +386,7 @@ impl Reconciler {
             ),
             None => (
                 Resolution::Escalate {
-                    reason: "no_provider_lookup".into(),
+                    reason: EscalationReason::NoProviderLookup,
                 },
                 Lookup::NotMade,
             ),
@@ -451,14 +452,12 @@ impl Reconciler {
                 external_id,
                 result_json,
             } => Resolution::Succeeded {
-                external_id: external_id.map(|id| id.as_str().to_owned()),
+                external_id,
                 result_json: (self.limits)
                     .result("succeeded.result_json", &result_json)?
                     .map(|value| canonical::canonicalize(&value)),
             },
-            ReviewDecision::FailedFinal { error_code } => Resolution::FailedFinal {
-                error_code: error_code.as_str().to_owned(),
-            },
+            ReviewDecision::FailedFinal { error_code } => Resolution::FailedFinal { error_code },
             ReviewDecision::ReleaseForRetry => Resolution::ReleaseForRetry,
         };
         let current = self
@@ -508,130 +507,6 @@ impl Reconciler {
     }
 }
 
-impl Reconciler {
-    /// Operations waiting for review that pass the command's filter, oldest escalation
-    /// first, and the next page token (bound to the filter: a token of other filters is
-    /// refused).
-    ///
-    /// Errors: `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN` or `INVALID_PAGE_SIZE`.
-    pub async fn list_for_review(
-        &self,
-        command: &ReviewQueue,
-    ) -> Result<(Vec<OperationRecord>, String), JournalError> {
-        let ReviewQueue {
-            namespace,
-            filter,
-            page,
-        } = command;
-        let limit = self.limits.page_limit(page.size)?;
-        let filters = if filter == &ReviewFilter::default() {
-            format!("review|{namespace}")
-        } else {
-            let action_type = filter.action_type.as_ref().map_or("", ActionType::as_str);
-            let min_age = filter.min_age.as_millis();
-            format!("review|{namespace}|{action_type}|{min_age}")
-        };
-        let after = if page.token.is_empty() {
-            None
-        } else {
-            Some(PageToken::decode(&page.token, &filters)?)
-        };
-        let mut rows = self
-            .store
-            .list_review(&ReviewQuery {
-                namespace: namespace.clone(),
-                action_type: filter.action_type.clone(),
-                min_age: filter.min_age,
-                after,
-                limit: limit + 1,
-            })
-            .await?;
-        let next = next_token(&mut rows, limit, |last| {
-            last.review_required_at
-                .map(|at| PageToken::encode(at, last.operation_key.as_str(), &filters))
-        });
-        Ok((rows, next))
-    }
-
-    /// How many of `namespace`'s operations are unknown, in progress, due for a lookup and
-    /// waiting for review, and since when the oldest of each.
-    ///
-    /// Errors: a malformed namespace; `UNAVAILABLE`/`STORE_UNAVAILABLE`.
-    pub async fn queue_stats(&self, namespace: &str) -> Result<QueueStats, JournalError> {
-        let namespace = Namespace::parse(namespace)?;
-        Ok(self.store.queue_stats(&namespace).await?)
-    }
-
-    /// The escalation webhook's events for one operation (entering and leaving review),
-    /// oldest first, each with its delivery state: what the review console shows. Events are
-    /// written whether or not a webhook URL is configured; without one they stay pending.
-    ///
-    /// Errors: `UNAVAILABLE`/`STORE_UNAVAILABLE`.
-    pub async fn deliveries(
-        &self,
-        operation: &OperationRef,
-    ) -> Result<Vec<OutboxEntry>, JournalError> {
-        let OperationRef {
-            namespace,
-            operation_key,
-        } = operation;
-        Ok(self.store.deliveries(namespace, operation_key).await?)
-    }
-
-    /// The whole outbox's pending and given-up events, and the oldest pending event's age.
-    ///
-    /// Errors: `UNAVAILABLE`/`STORE_UNAVAILABLE`.
-    pub async fn outbox_stats(&self) -> Result<OutboxStats, JournalError> {
-        Ok(self.store.outbox_stats().await?)
-    }
-
-    /// An operation's history, oldest first, and the next page token.
-    ///
-    /// Errors: `NOT_FOUND`/`OPERATION_NOT_FOUND` when the operation does not exist;
-    /// `INVALID_ARGUMENT`/`INVALID_PAGE_TOKEN`.
-    pub async fn history(
-        &self,
-        command: &History,
-    ) -> Result<(Vec<OperationEvent>, String), JournalError> {
-        let History { operation, page } = command;
-        let (namespace, key) = (&operation.namespace, &operation.operation_key);
-        let limit = page_limit(page.size, 100, 1000)?;
-        let filters = format!("history|{namespace}|{key}");
-        let after = if page.token.is_empty() {
-            0
-        } else {
-            let (event_id, _) = PageToken::decode_position(&page.token, &filters)?;
-            event_id
-        };
-        if after == 0 && self.store.get(namespace, key).await?.is_none() {
-            return Err(JournalError::NotFound);
-        }
-        let mut events = self
-            .store
-            .history(&HistoryQuery {
-                namespace: namespace.clone(),
-                operation_key: key.clone(),
-                after_event_id: after,
-                limit: limit + 1,
-            })
-            .await?;
-        let next = next_token(&mut events, limit, |last| {
-            Some(PageToken::encode_position(last.event_id, "", &filters))
-        });
-        Ok((events, next))
-    }
-}
-
-/// Cuts `rows` (fetched with one extra) to `limit` and makes the next token from the last kept.
-fn next_token<T>(rows: &mut Vec<T>, limit: i64, token: impl Fn(&T) -> Option<String>) -> String {
-    if rows.len() as i64 > limit {
-        rows.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-        rows.last().and_then(token).unwrap_or_default()
-    } else {
-        String::new()
-    }
-}
-
 /// The reconcile lease of an on-request lookup: twice the slowest adapter's timeout.
 fn reconcile_lease_for(policy: &Policy) -> Duration {
     (policy.longest_lookup_timeout() * 2).max(Duration::from_secs(10))
@@ -663,6 +538,12 @@ fn sanitize_observation(observation: Observation, rules: &ResultRules<'_>) -> Ob
                 Err(SanitizeError::TooLarge(_)) => failed("result_too_large"),
                 Err(SanitizeError::Invalid) => failed("invalid_result_json"),
             }
+        }
+        // A code the journal cannot store makes the lookup a failed one, like an id.
+        Observation::Failed { code }
+            if !matches!(ErrorCode::parse_optional(&code), Ok(Some(_))) =>
+        {
+            failed("invalid_error_code")
         }
         other => other,
     }

@@ -335,7 +335,9 @@ pub trait JournalStore: JournalMaintenance + EscalationOutbox {
     ) -> Result<Option<OperationRecord>, StoreError>;
 
     /// The key of another operation in the namespace with the same action type and request
-    /// hash that is pending, in progress or unknown, or succeeded less than `window` ago.
+    /// hash that is pending, in progress or unknown, or succeeded less than `window` ago;
+    /// `None` also when `other_than` is registered itself (a retry of an existing operation
+    /// is not a new intent).
     async fn find_same_request(&self, query: &SameRequest) -> Result<Option<String>, StoreError>;
 }
 

@@ -1,16 +1,25 @@
-//! The journal's state machine, in one place: every transition rule as a pure function of
-//! what a row holds. Storage enforces these rules with compare-and-set (the fences of
-//! `src/store/sql/`, each written once); the use cases and the reconciler ask these
-//! functions what to do.
+//! The journal's state machine: what the use cases and the reconciler decide on a row they
+//! read, as pure functions. Whether a write may apply is decided by the store alone, with
+//! compare-and-set: the fences of `src/store/sql/` (each written once, rendered for every
+//! database) are the single statement of those rules, and nothing in Rust repeats them. A Rust
+//! copy could only mirror them, and the statement is what holds under concurrency.
 //!
-//! | rule | function |
+//! | rule | where |
 //! |---|---|
 //! | what a Begin gets for an existing row (and when a repeated Begin gets its lease again) | [`decide`] |
-//! | which report a lease token may make, and what it moves the row to | [`may_report`], [`Settlement::target_status`] |
+//! | what a report moves the row to | [`Settlement::target_status`] |
 //! | a report repeated with the same outcome | [`Settlement::already_recorded_in`] |
-//! | an ended lease without a report becomes `unknown` | [`on_lease_expiry`] |
-//! | what a reconcile lookup establishes | [`resolution_for`] |
-//! | which resolution (lookup or review) may apply, and its target | [`may_resolve`], [`Resolution::target_status`] |
+//! | what a reconcile lookup establishes, and when it escalates | [`resolution_for`], [`EscalationReason`] |
+//! | what a resolution moves the row to | [`Resolution::target_status`] |
+//! | which report a lease token may make (its own lease; `in_progress`, or `unknown` / `pending` not yet reported) | `src/store/sql/fence_report.sql`, `fence_token.sql` |
+//! | an ended lease nobody reported on becomes `unknown` (the sweep) | `src/store/sql/expired.sql`, `lease_ended.sql` |
+//! | which resolution (lookup or reviewer) may apply: the status and attempt read, never a live lease | `src/store/sql/fence_read.sql` |
+//! | which operation a reconcile lookup may claim (`unknown`, or an ended lease; no other looker) | `src/store/sql/claim_for_reconcile.sql`, `reconcile_free.sql` |
+//! | a renewal only extends its holder's live lease | `src/store/sql/fence_renew.sql` |
+//!
+//! The use cases read the row again only to say why a write was refused (`LEASE_LOST`,
+//! `OUTCOME_ALREADY_RECORDED`, `OPERATION_CHANGED`, ...), never to decide whether it applies;
+//! `tests/store_conformance.rs` holds each fence to its rule on every database.
 
 use std::time::Duration;
 
@@ -145,28 +154,57 @@ impl Settlement {
     }
 }
 
+/// Why an operation goes to human review.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EscalationReason {
+    /// Still unknown at the action's `unknown_after_seconds` (`unresolved_after_deadline`).
+    UnresolvedAfterDeadline,
+    /// The action has no provider lookup (`no_provider_lookup`).
+    NoProviderLookup,
+    /// Neither the recorded rules nor today's policy file know the action
+    /// (`action_not_configured`).
+    ActionNotConfigured,
+}
+
+impl EscalationReason {
+    /// Its name in the store (`review_reason`), the history and the webhook event.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UnresolvedAfterDeadline => "unresolved_after_deadline",
+            Self::NoProviderLookup => "no_provider_lookup",
+            Self::ActionNotConfigured => "action_not_configured",
+        }
+    }
+}
+
+impl std::fmt::Display for EscalationReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a reconcile lookup established, to apply with compare-and-set.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Resolution {
     /// The provider has the effect -> `succeeded`.
     Succeeded {
         /// Provider's id of the effect.
-        external_id: Option<String>,
+        external_id: Option<ExternalId>,
         /// Canonical JSON text of the kept result fields.
         result_json: Option<String>,
     },
     /// The provider rejected the operation definitively -> `failed_final`.
     FailedFinal {
         /// Why.
-        error_code: String,
+        error_code: ErrorCode,
     },
     /// Proven absent -> `pending`, same key, so the next Begin executes again.
     ReleaseForRetry,
     /// Not provable automatically -> stays `unknown`, marked for human review, never looked
     /// up or retried automatically again.
     Escalate {
-        /// Why: `unresolved_after_deadline` or `no_provider_lookup`.
-        reason: String,
+        /// Why.
+        reason: EscalationReason,
     },
     /// Still not known -> `unknown`; look again after the delay (unless under review). The
     /// holder's error code is kept; what the lookup saw goes to the history.
@@ -185,35 +223,6 @@ impl Resolution {
             Self::ReleaseForRetry => Status::Pending,
             Self::Escalate { .. } | Self::KeepUnknown { .. } => Status::Unknown,
         }
-    }
-}
-
-/// Whether the holder of a lease may report on a row in `status`: only the token of the
-/// row's current attempt and lease id (`same_lease`), once (`outcome_reported` is whether a
-/// report of this attempt already landed): from `in_progress`, even after its lease ended,
-/// or from `unknown` / `pending` when the sweep or a release, not the holder, put it there.
-pub fn may_report(status: Status, same_lease: bool, outcome_reported: bool) -> bool {
-    same_lease
-        && match status {
-            Status::InProgress => true,
-            Status::Unknown | Status::Pending => !outcome_reported,
-            Status::Succeeded | Status::FailedFinal => false,
-        }
-}
-
-/// What an ended lease does to a row in `status` that nobody reported on: `in_progress`
-/// becomes `unknown` (the provider may have acted), anything else stays.
-pub fn on_lease_expiry(status: Status, lease_ended: bool) -> Option<Status> {
-    (status == Status::InProgress && lease_ended).then_some(Status::Unknown)
-}
-
-/// Whether a resolution (from a lookup or a reviewer) may apply to a row still in the
-/// `status` it was read in: never to a terminal row, never while a holder's lease is live.
-pub fn may_resolve(status: Status, lease_live: bool) -> bool {
-    match status {
-        Status::Succeeded | Status::FailedFinal => false,
-        Status::InProgress => !lease_live,
-        Status::Pending | Status::Unknown => true,
     }
 }
 
@@ -291,7 +300,7 @@ pub fn resolution_for(
             .map(|s| unknown_since(record) + TimeDelta::seconds(i64::from(s)));
         match deadline {
             Some(deadline) if record.observed_at >= deadline => Resolution::Escalate {
-                reason: "unresolved_after_deadline".into(),
+                reason: EscalationReason::UnresolvedAfterDeadline,
             },
             // Never look later than the deadline: escalation happens on time.
             Some(deadline) => Resolution::KeepUnknown {
@@ -301,16 +310,22 @@ pub fn resolution_for(
             None => Resolution::KeepUnknown { next_check_after },
         }
     };
+    // An id or a code the journal cannot store proves nothing: the reconciler turns such an
+    // observation into a failed lookup before it gets here, and it reads as one here too.
     match observation {
         Observation::Succeeded {
             external_id,
             result_json,
-        } => Resolution::Succeeded {
-            external_id: external_id.clone(),
-            result_json: result_json.clone(),
+        } => match ExternalId::parse_optional(external_id.as_deref().unwrap_or_default()) {
+            Ok(external_id) => Resolution::Succeeded {
+                external_id,
+                result_json: result_json.clone(),
+            },
+            Err(_) => keep(),
         },
-        Observation::Failed { code } => Resolution::FailedFinal {
-            error_code: code.clone(),
+        Observation::Failed { code } => match ErrorCode::parse_optional(code) {
+            Ok(Some(error_code)) => Resolution::FailedFinal { error_code },
+            Ok(None) | Err(_) => keep(),
         },
         Observation::NotFound {
             search_complete: true,
@@ -435,27 +450,7 @@ mod tests {
     }
 
     #[test]
-    fn reports_table() {
-        // (status, same lease, already reported) -> may report
-        let table = [
-            (InProgress, true, false, true),
-            (InProgress, true, true, true),
-            (InProgress, false, false, false),
-            (Unknown, true, false, true),
-            (Unknown, true, true, false),
-            (Pending, true, false, true),
-            (Pending, true, true, false),
-            (Pending, false, false, false),
-            (Succeeded, true, false, false),
-            (FailedFinal, true, false, false),
-        ];
-        for (status, same_lease, reported, allowed) in table {
-            assert_eq!(
-                may_report(status, same_lease, reported),
-                allowed,
-                "{status:?} same_lease={same_lease} reported={reported}"
-            );
-        }
+    fn targets_table() {
         let success = Settlement::Succeeded {
             external_id: None,
             result_json: None,
@@ -466,34 +461,17 @@ mod tests {
         };
         assert_eq!(success.target_status(), Succeeded);
         assert_eq!(unknown.target_status(), Unknown);
-    }
-
-    #[test]
-    fn expiry_and_resolutions_table() {
-        // (status, lease ended / live) -> after expiry, may resolve
-        let table = [
-            (InProgress, true, Some(Unknown), true),
-            (InProgress, false, None, false),
-            (Unknown, true, None, true),
-            (Pending, true, None, true),
-            (Succeeded, true, None, false),
-            (FailedFinal, true, None, false),
-        ];
-        for (status, ended, expired, resolvable) in table {
-            assert_eq!(on_lease_expiry(status, ended), expired, "{status:?}");
-            assert_eq!(may_resolve(status, !ended), resolvable, "{status:?}");
-        }
         let targets = [
             (Resolution::ReleaseForRetry, Pending),
             (
                 Resolution::FailedFinal {
-                    error_code: "declined".into(),
+                    error_code: ErrorCode::internal("declined"),
                 },
                 FailedFinal,
             ),
             (
                 Resolution::Escalate {
-                    reason: "no_provider_lookup".into(),
+                    reason: EscalationReason::NoProviderLookup,
                 },
                 Unknown,
             ),
@@ -507,5 +485,23 @@ mod tests {
         for (resolution, status) in targets {
             assert_eq!(resolution.target_status(), status, "{resolution:?}");
         }
+    }
+
+    #[test]
+    fn escalation_reasons_keep_their_stored_names() {
+        let names = [
+            EscalationReason::UnresolvedAfterDeadline,
+            EscalationReason::NoProviderLookup,
+            EscalationReason::ActionNotConfigured,
+        ]
+        .map(EscalationReason::as_str);
+        assert_eq!(
+            names,
+            [
+                "unresolved_after_deadline",
+                "no_provider_lookup",
+                "action_not_configured"
+            ]
+        );
     }
 }
