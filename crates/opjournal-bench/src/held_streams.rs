@@ -679,14 +679,14 @@ async fn main() -> anyhow::Result<()> {
     let mut health_addr = None;
     if args.attack == Attack::HealthWatch && args.port == Port::Health {
         let address = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        env.push(("OPJOURNAL_HEALTH_LISTEN".into(), address.to_string()));
+        env.push(("OPJOURNAL_SERVER__HEALTH_LISTEN".into(), address.to_string()));
         health_addr = Some(address);
     }
     let tls = if args.tls {
         let (client, connector) = make_tls(dir.path())?;
         for (key, file) in [
-            ("OPJOURNAL_TLS_CERT_FILE", "server.pem"),
-            ("OPJOURNAL_TLS_KEY_FILE", "server-key.pem"),
+            ("OPJOURNAL_TLS__CERT_FILE", "server.pem"),
+            ("OPJOURNAL_TLS__KEY_FILE", "server-key.pem"),
         ] {
             env.push((key.into(), dir.path().join(file).display().to_string()));
         }
@@ -696,7 +696,7 @@ async fn main() -> anyhow::Result<()> {
     };
     if args.attack == Attack::Tenant {
         env.push((
-            "OPJOURNAL_TOKENS".into(),
+            "OPJOURNAL_AUTH__TOKENS".into(),
             format!(
                 "[{}, {}]",
                 token_entry("tenant-a-agent", TOKEN_ATTACKER, "tenant-a"),
