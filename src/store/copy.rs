@@ -12,7 +12,7 @@
 use futures::TryStreamExt as _;
 use sqlx::{Connection as _, Row as _};
 
-use super::StoreError;
+use super::error::StoreError;
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 
