@@ -178,6 +178,49 @@ pub fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, Stri
             "must be greater than 0 and at most 300".into(),
         ));
     }
+    validate_absence(http)?;
+    if http.response.status_pointer.is_some() && http.response.succeeded_values.is_empty() {
+        return Err((
+            "response",
+            "succeeded_values must name at least one status when status_pointer is set".into(),
+        ));
+    }
+    let pointers = http
+        .response
+        .status_pointer
+        .iter()
+        .chain(http.absent_match.iter().map(|m| &m.pointer))
+        .chain(
+            http.absent_match
+                .iter()
+                .filter_map(|m| m.key_pointer.as_ref()),
+        )
+        .chain(http.response.key_pointer.iter())
+        .chain(http.response.external_id_pointer.iter());
+    for pointer in pointers {
+        if !pointer.starts_with('/') {
+            return Err((
+                "response",
+                format!("'{pointer}' is not a JSON Pointer (must start with '/')"),
+            ));
+        }
+    }
+    result::validate_keep(&http.response.keep_fields)
+        .map_err(|m| ("response", format!("keep_fields: {m}")))?;
+    for (header, source) in &http.headers {
+        if source.env.is_empty() {
+            return Err((
+                "headers",
+                format!("{header}.env must name an environment variable"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks what proves an object absent: which statuses may say "not found", and the
+/// provider's own "no such object" answer that `search_complete` requires.
+fn validate_absence(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)> {
     if let Some(status) = http
         .absent_statuses
         .iter()
@@ -230,42 +273,6 @@ pub fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, Stri
         && absent.values.is_empty()
     {
         return Err(("absent_match", "values must name at least one value".into()));
-    }
-    if http.response.status_pointer.is_some() && http.response.succeeded_values.is_empty() {
-        return Err((
-            "response",
-            "succeeded_values must name at least one status when status_pointer is set".into(),
-        ));
-    }
-    let pointers = http
-        .response
-        .status_pointer
-        .iter()
-        .chain(http.absent_match.iter().map(|m| &m.pointer))
-        .chain(
-            http.absent_match
-                .iter()
-                .filter_map(|m| m.key_pointer.as_ref()),
-        )
-        .chain(http.response.key_pointer.iter())
-        .chain(http.response.external_id_pointer.iter());
-    for pointer in pointers {
-        if !pointer.starts_with('/') {
-            return Err((
-                "response",
-                format!("'{pointer}' is not a JSON Pointer (must start with '/')"),
-            ));
-        }
-    }
-    result::validate_keep(&http.response.keep_fields)
-        .map_err(|m| ("response", format!("keep_fields: {m}")))?;
-    for (header, source) in &http.headers {
-        if source.env.is_empty() {
-            return Err((
-                "headers",
-                format!("{header}.env must name an environment variable"),
-            ));
-        }
     }
     Ok(())
 }
