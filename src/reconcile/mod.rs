@@ -20,6 +20,7 @@
 pub mod adapter;
 mod command;
 pub mod grpc;
+mod poll;
 pub mod webhook;
 pub mod worker;
 
