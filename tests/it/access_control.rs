@@ -1,9 +1,7 @@
 //! Namespaces isolate tenants, bearer tokens name a principal with namespaces and roles, over
 //! real gRPC and Postgres. Every refusal is checked by its code and `ErrorInfo` reason.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use common::*;
 use opjournal::api::Authenticator;

@@ -5,9 +5,7 @@
 //! Postgres and sandbox; the lost answer is lost for real, by a relay in front of the journal
 //! that lets the Begin through and answers `UNAVAILABLE` in its place.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

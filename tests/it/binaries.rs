@@ -1,17 +1,15 @@
 //! The shipped binaries as processes: health endpoints, working against the journal, and a
 //! clean stop on SIGTERM.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::process::terminate;
 use common::*;
 use opjournal::proto::OperationStatus;
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -38,24 +36,13 @@ async fn start_logging(
     stderr: Stdio,
     marker: &str,
 ) -> (Child, String) {
-    let mut child = Command::new(binary)
+    let mut command = Command::new(binary);
+    command
         .args(args)
         .env("RUST_LOG", "warn")
         .envs(env.iter().copied())
-        .stderr(stderr)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the binary printed its address")
-        .unwrap()
-        .unwrap();
-    let address = line.rsplit(' ').next().unwrap().to_owned();
-    assert!(line.contains(marker), "{line}");
-    (child, address)
+        .stderr(stderr);
+    process::spawn_announcing(&mut command, marker).await
 }
 
 async fn wait_serving(address: &str, service: &str) {
@@ -69,21 +56,6 @@ async fn wait_serving(address: &str, service: &str) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn terminate(mut child: Child) {
-    let pid = child.id().unwrap().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .unwrap();
-    assert!(killed.success());
-    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
-        .await
-        .expect("the process stops on SIGTERM")
-        .unwrap();
-    assert!(status.success(), "exit status {status}");
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

@@ -9,12 +9,8 @@
 //! control endpoint through which a scenario makes another holder appear, a lease be taken
 //! over, a reconcile run or a Begin answer be lost.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
-#[path = "scenarios/harness.rs"]
+use crate::common;
 mod harness;
-#[path = "scenarios/rust_runner.rs"]
 mod rust_runner;
 
 use std::path::{Path, PathBuf};

@@ -12,9 +12,7 @@
 //! Without Chromium the test says so and passes, except under `CI=true`, where a missing
 //! browser fails it.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -3,14 +3,12 @@
 //! and the queue's filters. The real server with its console, real Postgres, the sandbox
 //! provider; every refusal is checked against the journal's rows, not only the answer.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
 use common::console::*;
-use common::decision;
+use common::{decision, process};
 use opjournal::api::console::ConsoleLimits;
 use opjournal::proto::Decision;
 use sqlx::PgPool;
@@ -611,32 +609,29 @@ async fn under_tls_the_console_speaks_https_only_with_renewed_certificates_and_a
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn the_server_binary_serves_the_console_and_stops_it_on_sigterm(pool: PgPool) {
-    use tokio::io::{AsyncBufReadExt, BufReader};
     let app = common::TestApp::spawn(pool).await;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--console-listen", "127.0.0.1:0", "--database-url"])
-        .arg(app.database_url())
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut url = None;
-    while let Some(line) = lines.next_line().await.unwrap() {
-        if let Some(rest) = line.strip_prefix("opjournal console on ") {
-            url = Some(rest.to_owned());
-            break;
-        }
-    }
-    let url = url.expect("the server announced its console");
+    let (child, mut lines) = process::spawn_piped(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--console-listen", "127.0.0.1:0", "--database-url"])
+            .arg(app.database_url())
+            .env("RUST_LOG", "warn"),
+    );
+    let [url] = <[String; 1]>::try_from(
+        process::announced_all(
+            &mut lines,
+            &["opjournal console on "],
+            Duration::from_secs(30),
+        )
+        .await,
+    )
+    .unwrap();
     let sign_in = reqwest::get(format!("{url}sign-in")).await.unwrap();
     assert_eq!(sign_in.status(), 200);
     // Without tokens the form asks for a name.
@@ -653,18 +648,7 @@ async fn the_server_binary_serves_the_console_and_stops_it_on_sigterm(pool: PgPo
     );
     assert!(htmx.text().await.unwrap().starts_with("var htmx="));
 
-    let pid = child.id().unwrap().to_string();
-    let killed = tokio::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .unwrap();
-    assert!(killed.success());
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .expect("the server stops on SIGTERM")
-        .unwrap();
-    assert!(status.success(), "exit status {status}");
+    process::terminate(child).await;
 }
 
 #[tokio::test]

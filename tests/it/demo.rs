@@ -1,8 +1,6 @@
 //! `opjournal demo` runs the seven-step check against real processes and its exit code
 //! says whether every step held.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
 use sqlx::PgPool;
 
 fn database_url(pool: &PgPool) -> String {

@@ -6,8 +6,6 @@
 //! The Python client comes from `OPJOURNAL_TEST_CLIENT_PYTHON` or the virtual environment
 //! `./scripts/test` prepares (`scripts/client-envs python`).
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;

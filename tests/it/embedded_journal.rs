@@ -4,20 +4,17 @@
 //! too long makes Begin retryable, never half-done. Behaviour shared with Postgres is in
 //! tests/store_conformance.rs.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::process::terminate;
 use common::*;
 use opjournal::proto::operation_journal_client::OperationJournalClient;
 use opjournal::proto::{BeginOperationRequest, Decision};
 use opjournal::store::{JournalMaintenance, StoreError};
 use sqlx::Connection as _;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::Code;
 use tonic_health::pb::HealthCheckRequest;
@@ -26,12 +23,7 @@ use tonic_health::pb::health_client::HealthClient;
 
 /// A command of one of the binaries, run in `dir` with no `OPJOURNAL_*` setting inherited.
 fn binary(name: &str, dir: &Path) -> Command {
-    let path = match name {
-        "opjournal" => env!("CARGO_BIN_EXE_opjournal"),
-        "opjournal-reconciler" => env!("CARGO_BIN_EXE_opjournal-reconciler"),
-        other => panic!("no binary {other}"),
-    };
-    let mut command = Command::new(path);
+    let mut command = Command::new(process::binary(name));
     command.current_dir(dir).env("RUST_LOG", "warn");
     for (variable, _) in std::env::vars() {
         if variable.starts_with("OPJOURNAL_") {
@@ -57,21 +49,13 @@ async fn run(name: &str, dir: &Path, args: &[&str]) -> (bool, String, String) {
 
 /// `opjournal serve` in `dir` on port 0, with nothing but `args`; returns it and its address.
 async fn serve(dir: &Path, args: &[&str]) -> (Child, String) {
-    let mut child = binary("opjournal", dir)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the server printed its address")
-        .unwrap()
-        .unwrap();
-    assert!(line.contains("opjournal listening on"), "{line}");
-    let address = line.rsplit(' ').next().unwrap().to_owned();
+    let (child, address) = process::spawn_announcing(
+        binary("opjournal", dir)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args),
+        "opjournal listening on",
+    )
+    .await;
     let started = Instant::now();
     loop {
         let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
@@ -94,23 +78,6 @@ async fn serve(dir: &Path, args: &[&str]) -> (Child, String) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     (child, address)
-}
-
-async fn terminate(mut child: Child) {
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .await
-            .unwrap()
-            .success()
-    );
-    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
-        .await
-        .expect("the server stops on SIGTERM")
-        .unwrap();
-    assert!(status.success(), "exit status {status}");
 }
 
 async fn begin(address: &str, key: &str) -> Result<Decision, tonic::Status> {

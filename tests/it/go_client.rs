@@ -3,9 +3,7 @@
 //! counts from Rust. The Go toolchain and libraries are Debian packages, built offline:
 //! `scripts/go-env install` installs them and `scripts/go-env run` runs a command with them.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use common::client_suites::{repo, row, run_suite, spawn_with_client_token};
 use common::*;

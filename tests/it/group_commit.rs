@@ -6,9 +6,7 @@
 //! A lane is made busy by a transaction of the test that holds what its first call needs (an
 //! uncommitted insert of the same key, a locked row); every call made meanwhile queues.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -2,9 +2,7 @@
 //! lease expiry and retried reports. The concurrent Begins run on the embedded SQLite journal
 //! as well.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,13 +3,12 @@
 //! opaque keys derived from an intent with a server secret, stable across calls, servers and
 //! restarts.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::process::terminate;
 use common::*;
 use opjournal::proto::operation_journal_client::OperationJournalClient;
 use opjournal::proto::{
@@ -17,7 +16,6 @@ use opjournal::proto::{
 };
 use opjournal_sandbox::SandboxConfig;
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -268,32 +266,23 @@ async fn a_derived_key_is_opaque_and_the_same_on_every_call_and_server_sharing_t
 /// `opjournal serve` on `database_url` with `secret` in its environment and trace logging to
 /// `log`; returns it with its address.
 async fn serve(database_url: &str, secret: &str, log: &std::path::Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_opjournal"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--database-url",
-            database_url,
-        ])
-        .env("OPJOURNAL_KEY_DERIVATION_SECRET", secret)
-        .env("RUST_LOG", "trace")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the server printed its address")
-        .unwrap()
-        .unwrap();
-    assert!(line.contains("opjournal listening on"), "{line}");
-    let address = line.rsplit(' ').next().unwrap().to_owned();
-    (child, address)
+    process::spawn_announcing(
+        Command::new(env!("CARGO_BIN_EXE_opjournal"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--database-url",
+                database_url,
+            ])
+            .env("OPJOURNAL_KEY_DERIVATION_SECRET", secret)
+            .env("RUST_LOG", "trace")
+            .stderr(Stdio::from(std::fs::File::create(log).unwrap())),
+        "opjournal listening on",
+    )
+    .await
 }
 
 async fn connect(address: &str) -> OperationJournalClient<Channel> {
@@ -305,21 +294,6 @@ async fn connect(address: &str) -> OperationJournalClient<Channel> {
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-}
-
-async fn terminate(mut child: Child) {
-    let pid = child.id().unwrap().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .unwrap();
-    assert!(killed.success());
-    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
-        .await
-        .expect("the server stops on SIGTERM")
-        .unwrap();
-    assert!(status.success(), "exit status {status}");
 }
 
 async fn begin(client: &mut OperationJournalClient<Channel>, key: &str) -> (Decision, String) {

@@ -1,8 +1,6 @@
 //! The layer rule of `src/lib.rs`, checked: no module of the crate names a module of a layer
 //! above its own (`crate::<module>` in code, `use` lines included; comments are not read).
 
-#![allow(clippy::unwrap_used)]
-
 use std::path::Path;
 
 /// The layers, lowest first; a module may name its own layer and those below it. Must match

@@ -4,9 +4,7 @@
 //! `kind: none` adapter is never looked up by a later file, and another route's "not found"
 //! never releases an operation. In each, the provider's effect count stays 1.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,9 +3,7 @@
 //! client carries the same one, and reflection describes the error details and only the
 //! services this server serves.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

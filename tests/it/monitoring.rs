@@ -7,17 +7,14 @@
 //! read from the files, so a rule or a panel added later is checked too. Their syntax and the
 //! alerts' behaviour are promtool's to check (scripts/check-monitoring).
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::observe::{PgProxy, Sample, samples};
-use common::{PAY_817, PAY_817_OTHER_AMOUNT, TestDb, decision};
+use common::{PAY_817, PAY_817_OTHER_AMOUNT, TestDb, decision, process};
 use opjournal::proto::operation_journal_client::OperationJournalClient;
 use opjournal::proto::{BeginOperationRequest, Decision, ReportUnknownOutcomeRequest};
 use opjournal_sandbox::SandboxConfig;
@@ -25,7 +22,6 @@ use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{self, AggregateExpr, Expr, LabelModifier};
 use promql_parser::util::{ExprVisitor, walk_expr};
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::transport::Channel;
 
@@ -368,33 +364,18 @@ async fn start(
     env: &[(&str, &str)],
     markers: &[&str],
 ) -> (Child, Vec<String>) {
-    let mut child = Command::new(binary)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.1")
-        .env("OPJOURNAL_BACKLOG_SAMPLE_SECONDS", "0.2")
-        .env("OPJOURNAL_READINESS_INTERVAL_SECONDS", "0.2")
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut found = vec![None; markers.len()];
-    while found.iter().any(Option::is_none) {
-        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .expect("the binary printed its addresses")
-            .unwrap()
-            .expect("the binary exited before printing its addresses");
-        for (marker, slot) in markers.iter().zip(&mut found) {
-            if line.contains(marker) {
-                *slot = Some(line.rsplit(' ').next().unwrap().to_owned());
-            }
-        }
-    }
+    let (child, mut lines) = process::spawn_piped(
+        Command::new(binary)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .env("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.1")
+            .env("OPJOURNAL_BACKLOG_SAMPLE_SECONDS", "0.2")
+            .env("OPJOURNAL_READINESS_INTERVAL_SECONDS", "0.2")
+            .envs(env.iter().copied()),
+    );
+    let found = process::announced_all(&mut lines, markers, Duration::from_secs(60)).await;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, found.into_iter().map(Option::unwrap).collect())
+    (child, found)
 }
 
 async fn scrape(url: &str) -> Vec<Sample> {

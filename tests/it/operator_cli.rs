@@ -2,9 +2,7 @@
 //! against the real gRPC server on port 0 over Postgres, with the sandbox provider.
 //! Assertions are on exit codes, JSON fields and `ErrorInfo` reasons, never on messages.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use common::*;
 use futures::StreamExt as _;

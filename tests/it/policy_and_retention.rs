@@ -2,9 +2,7 @@
 //! their lines, recorded operations keep the rules they were registered under, duplicate
 //! intent under a new key, and retention with purge.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -1,9 +1,7 @@
 //! A provider adapter written in Python (examples/adapters/python), started by the test as
 //! its own process, settles an unknown operation for the reconcile worker over gRPC.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Stdio;

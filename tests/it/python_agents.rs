@@ -4,9 +4,7 @@
 //! tests check the journal rows and the provider's effect counts from Rust.
 //! `scripts/client-envs python-agents` prepares `target/python-agents-venv`.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -2,9 +2,7 @@
 //! suite runs as a child process, then these tests check the journal rows and the provider's
 //! effect counts from Rust. `./scripts/test` prepares `target/python-client-venv`.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

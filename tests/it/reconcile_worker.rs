@@ -2,9 +2,7 @@
 //! leases, lookup lag and the absence grace window, replicas, races with the lease holder,
 //! escalation and human review.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,9 +1,7 @@
 //! Request hashing and input validation over gRPC: RFC 8785 canonical form, I-JSON refusals
 //! with the JSON path named, and bad input that leaves no row behind.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use common::*;
 use opjournal::proto::{CompleteOperationRequest, Decision};

@@ -1,9 +1,7 @@
 //! Request limits set from the configuration: payload and result size, JSON depth, page
 //! size, and the largest message the transport decodes.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use common::*;
 use opjournal::config::Config;

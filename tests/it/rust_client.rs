@@ -2,9 +2,7 @@
 //! the real gRPC server, Postgres and the HTTP sandbox provider. The proof is the count of
 //! effects at the provider.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,8 +1,6 @@
 //! The server around the journal: health entries, reflection, reads and pagination.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use common::*;
 use opjournal::proto::{GetOperationRequest, ListOperationsRequest, OperationStatus};

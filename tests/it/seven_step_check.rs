@@ -2,9 +2,7 @@
 //! provider and each storage backend: Postgres and the embedded SQLite journal file. The
 //! proof is the provider's effect count, not any response text.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use common::seven_steps::*;
 use common::*;

@@ -6,9 +6,7 @@
 //! its actor, batch claims that never overlap (a second pool on the same database stands for a
 //! second process), the sweep, retention, and the database refusing what no code path may do.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

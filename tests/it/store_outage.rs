@@ -4,9 +4,7 @@
 //! proxy between the server and Postgres that the test cuts and restores (the machine's
 //! Postgres is never stopped).
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -1,9 +1,7 @@
 //! The Prometheus scrape endpoint after a scenario that produces every metric: names, units,
 //! types, labels and values.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use common::observe::{PgProxy, metric_type, samples, value, wait_health};
 use common::*;

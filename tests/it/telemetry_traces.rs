@@ -3,9 +3,7 @@
 //! reconcile attempt long after links to it and carries its own trace on to the provider, over
 //! HTTP and over gRPC. JSON log lines carry the trace and span ids.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

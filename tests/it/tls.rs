@@ -2,9 +2,7 @@
 //! without a client certificate, and the shipped binaries (server and operator console)
 //! configured with certificate files and bearer tokens. Certificates are made per test.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -22,7 +20,7 @@ use rcgen::{
 use sha2::Digest as _;
 use sqlx::PgPool;
 use tempfile::TempDir;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::AsyncReadExt;
 use tonic::transport::{Channel, ClientTlsConfig};
 
 /// A throwaway PKI: a CA, a server certificate for 127.0.0.1 and localhost, a client
@@ -291,17 +289,15 @@ async fn the_operator_console_reaches_the_server_binary_over_mutual_tls_with_a_t
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("valid"), "{stdout}");
 
-    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
-        .args(["serve", "--config", &config_arg, "--listen", "127.0.0.1:0"])
-        .args(["--metrics-listen", "127.0.0.1:0"])
-        .args(["--database-url", &database_url])
-        .env("RUST_LOG", "debug")
-        .env_remove("OPJOURNAL_TOKENS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let (mut server, mut lines) = process::spawn_piped(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+            .args(["serve", "--config", &config_arg, "--listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(["--database-url", &database_url])
+            .env("RUST_LOG", "debug")
+            .env_remove("OPJOURNAL_TOKENS")
+            .stderr(Stdio::piped()),
+    );
     // Drained all along: a full pipe would block the server's logging.
     let mut stderr_pipe = server.stderr.take().unwrap();
     let log = tokio::spawn(async move {
@@ -309,14 +305,10 @@ async fn the_operator_console_reaches_the_server_binary_over_mutual_tls_with_a_t
         stderr_pipe.read_to_string(&mut log).await.unwrap();
         log
     });
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the server printed its address")
-        .unwrap()
-        .unwrap();
-    assert!(line.contains("opjournal listening on"), "{line}");
-    let server_url = format!("https://{}", line.rsplit(' ').next().unwrap());
+    let server_url = format!(
+        "https://{}",
+        process::announced(&mut lines, "opjournal listening on").await
+    );
 
     let ca = pki.path("ca.pem").display().to_string();
     let cert = pki.path("client.pem").display().to_string();
@@ -518,7 +510,8 @@ async fn the_server_binary_serves_tls_tokens_from_a_file_and_plaintext_health(po
         ),
     )
     .unwrap();
-    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"));
+    command
         .arg("serve")
         .env_clear()
         .env("OPJOURNAL_LISTEN", "127.0.0.1:0")
@@ -529,33 +522,21 @@ async fn the_server_binary_serves_tls_tokens_from_a_file_and_plaintext_health(po
         .env("OPJOURNAL_TLS_KEY_FILE", pki.path("server-key.pem"))
         .env("OPJOURNAL_TOKENS_FILE", &tokens_file)
         .env("RUST_LOG", "debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    let (mut server, mut lines) = process::spawn_piped(&mut command);
     let mut stderr_pipe = server.stderr.take().unwrap();
     let log = tokio::spawn(async move {
         let mut log = String::new();
         stderr_pipe.read_to_string(&mut log).await.unwrap();
         log
     });
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let (mut grpc, mut health) = (None, None);
-    while grpc.is_none() || health.is_none() {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("the server announced its addresses")
-            .unwrap()
-            .expect("the server exited before announcing its addresses");
-        let address = line.rsplit(' ').next().unwrap().to_owned();
-        if line.starts_with("opjournal listening on") {
-            grpc = Some(address);
-        } else if line.starts_with("opjournal health on") {
-            health = Some(address);
-        }
-    }
-    let (grpc, health) = (grpc.unwrap(), health.unwrap());
+    let addresses = process::announced_all(
+        &mut lines,
+        &["opjournal listening on", "opjournal health on"],
+        Duration::from_secs(30),
+    )
+    .await;
+    let [grpc, health] = <[String; 2]>::try_from(addresses).unwrap();
 
     // Health in plaintext on its own port, following the database like the main port's.
     let channel = Channel::from_shared(format!("http://{health}"))

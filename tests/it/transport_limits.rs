@@ -8,9 +8,7 @@
 //! up) than the callers they must not lock out. No assertion depends on speed; waits are
 //! bounded.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::pin::Pin;

@@ -5,13 +5,10 @@
 //! including while it is down for a while and when the worker is killed between the
 //! escalation and the delivery.
 
-#![allow(clippy::unwrap_used, missing_docs)]
-
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,7 +24,6 @@ use opjournal::proto::resolve_operation_request::Resolution;
 use opjournal::proto::{ResolveOperationRequest, ResolveSucceeded};
 use opjournal::store::{DeliveryState, OutboxEntry};
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
@@ -218,7 +214,8 @@ async fn start_worker(app: &TestApp, policy: &std::path::Path, url: &str, secret
         "--metrics-listen".to_owned(),
         "127.0.0.1:0".to_owned(),
     ];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_opjournal-reconciler"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_opjournal-reconciler"));
+    command
         .args(args)
         .env("RUST_LOG", "warn")
         .env("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.1")
@@ -228,33 +225,15 @@ async fn start_worker(app: &TestApp, policy: &std::path::Path, url: &str, secret
         .env("OPJOURNAL_WEBHOOK_CLAIM_SECONDS", "2")
         .env("OPJOURNAL_WEBHOOK_RETRY_BASE_SECONDS", "0.1")
         .env("OPJOURNAL_WEBHOOK_RETRY_CAP_SECONDS", "0.4")
-        .env("OPJOURNAL_WEBHOOK_POLL_SECONDS", "0.1")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .env("OPJOURNAL_WEBHOOK_POLL_SECONDS", "0.1");
+    process::spawn_announcing(&mut command, "opjournal-reconciler health on")
         .await
-        .expect("the worker printed its address")
-        .unwrap()
-        .unwrap();
-    assert!(line.contains("opjournal-reconciler health on"), "{line}");
-    child
+        .0
 }
 
-async fn kill(mut child: Child, signal: &str) {
-    let pid = child.id().unwrap().to_string();
-    let killed = Command::new("kill")
-        .args([signal, &pid])
-        .status()
-        .await
-        .unwrap();
-    assert!(killed.success());
-    tokio::time::timeout(Duration::from_secs(15), child.wait())
-        .await
-        .expect("the worker stops")
-        .unwrap();
+/// Sends `signal` to the worker and waits for it to stop.
+async fn kill(child: Child, signal: &str) {
+    process::stop(child, signal).await;
 }
 
 fn write_policy(app: &TestApp) -> tempfile::TempDir {
@@ -569,24 +548,13 @@ async fn the_chat_bridge_example_posts_one_message_per_event(pool: PgPool) {
         env!("CARGO_MANIFEST_DIR"),
         "/examples/webhooks/chat_bridge.py"
     );
-    let mut bridge = Command::new(python)
-        .args([script, "--listen", "127.0.0.1:0"])
-        .env("OPJOURNAL_WEBHOOK_SECRET", secret())
-        .env("CHAT_WEBHOOK_URL", &chat_url)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(bridge.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the bridge printed its address")
-        .unwrap()
-        .unwrap();
-    let address = line
-        .strip_prefix("chat bridge listening on ")
-        .unwrap()
-        .to_owned();
+    let (_bridge, mut lines) = process::spawn_piped(
+        Command::new(python)
+            .args([script, "--listen", "127.0.0.1:0"])
+            .env("OPJOURNAL_WEBHOOK_SECRET", secret())
+            .env("CHAT_WEBHOOK_URL", &chat_url),
+    );
+    let address = process::announced(&mut lines, "chat bridge listening on ").await;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
 
     let dir = write_policy(&app);

@@ -1,11 +1,10 @@
 //! Test harness: the real gRPC server on port 0 over a fresh Postgres database (or a fresh
 //! embedded SQLite journal file), and the real HTTP sandbox provider on port 0.
 
-#![allow(dead_code, clippy::unwrap_used, missing_docs)]
-
 pub mod client_suites;
 pub mod console;
 pub mod observe;
+pub mod process;
 pub mod relay;
 pub mod seven_steps;
 
@@ -43,7 +42,8 @@ pub enum TestDb {
     Sqlite {
         store: SqliteStore,
         url: String,
-        dir: Arc<tempfile::TempDir>,
+        /// Holds the directory: removed when the last clone goes.
+        _dir: Arc<tempfile::TempDir>,
     },
 }
 
@@ -57,7 +57,7 @@ impl TestDb {
         Self::Sqlite {
             store,
             url,
-            dir: Arc::new(dir),
+            _dir: Arc::new(dir),
         }
     }
 
@@ -572,10 +572,6 @@ impl Drop for TestApp {
 
 pub fn decision(response: &BeginOperationResponse) -> Decision {
     Decision::try_from(response.decision).unwrap()
-}
-
-pub fn status_of(response: &BeginOperationResponse) -> proto::OperationStatus {
-    proto::OperationStatus::try_from(response.operation.as_ref().unwrap().status).unwrap()
 }
 
 pub fn op_status(operation: &proto::Operation) -> proto::OperationStatus {
