@@ -11,21 +11,18 @@
 use crate::common;
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use futures::task::AtomicWaker;
 use h2::client::{ResponseFuture, SendRequest};
 use opjournal::api::TransportLimits;
 use opjournal::client::{ClientError, ErrorReason};
 use opjournal::proto;
+use opjournal_gated_io::{Gate, GatedIo};
 use sqlx::PgPool;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncRead;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_types::StatusExt as _;
@@ -53,67 +50,11 @@ async fn raw_connection(addr: SocketAddr) -> SendRequest<Bytes> {
     client
 }
 
-/// A connection whose reads wait until [`Gate::open`]: its HTTP/2 client sends everything
-/// queued before it can read the server's SETTINGS, as a client that ignores them would.
-struct GatedIo {
-    tcp: tokio::net::TcpStream,
-    gate: Arc<Gate>,
-}
-
-#[derive(Default)]
-struct Gate {
-    open: AtomicBool,
-    waker: AtomicWaker,
-}
-
-impl Gate {
-    fn open(&self) {
-        self.open.store(true, Ordering::SeqCst);
-        self.waker.wake();
-    }
-}
-
-impl AsyncRead for GatedIo {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        self.gate.waker.register(cx.waker());
-        if !self.gate.open.load(Ordering::SeqCst) {
-            return Poll::Pending;
-        }
-        Pin::new(&mut self.tcp).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for GatedIo {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
-    }
-}
-
 /// A raw HTTP/2 connection that ignores the server's stream limit: up to `streams` streams
 /// are sent before the server's SETTINGS are read (open the gate once they are queued).
 async fn unruly_connection(addr: SocketAddr, streams: usize) -> (SendRequest<Bytes>, Arc<Gate>) {
-    let gate = Arc::new(Gate::default());
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let io = GatedIo {
-        tcp,
-        gate: gate.clone(),
-    };
+    let (io, gate) = GatedIo::new(tcp);
     let (client, connection) = h2::client::Builder::new()
         .initial_max_send_streams(streams)
         .handshake(io)
@@ -372,11 +313,7 @@ const BEGIN: &str = "/opjournal.v1.OperationJournal/BeginOperation";
 
 /// A TCP connection to `addr` from the loopback address `127.0.0.<host>`.
 async fn tcp_from(host: u8, addr: SocketAddr) -> tokio::net::TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket
-        .bind(SocketAddr::from(([127, 0, 0, host], 0)))
-        .unwrap();
-    socket.connect(addr).await.unwrap()
+    opjournal_gated_io::connect_from(host, addr).await.unwrap()
 }
 
 /// A raw HTTP/2 connection from `127.0.0.<host>`; the handle resolves when it ends.

@@ -23,22 +23,20 @@
 //! KEY=VALUE` sets its settings. See docs/performance.md, "Held streams".
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
-use futures::task::AtomicWaker;
 use hdrhistogram::Histogram;
 use opjournal::children::Process;
 use opjournal::proto::BeginOperationRequest;
 use opjournal::proto::operation_journal_client::OperationJournalClient;
+use opjournal_gated_io::{GatedIo, connect_from};
 use sha2::Digest as _;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tonic::transport::{Channel, ClientTlsConfig};
 
 /// Which attack.
@@ -135,64 +133,6 @@ fn fds(pid: u32) -> usize {
 }
 
 /// A TCP connection to `addr` from attacker address number `peer` (127.0.0.2 and up).
-async fn connect_from(peer: u8, addr: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
-    let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::from(([127, 0, 0, 2 + peer], 0)))?;
-    socket.connect(addr).await
-}
-
-/// A connection whose reads wait until `open`: its HTTP/2 client sends what it queued before
-/// it can read the server's SETTINGS.
-struct GatedIo {
-    tcp: tokio::net::TcpStream,
-    gate: Arc<Gate>,
-}
-
-#[derive(Default)]
-struct Gate {
-    open: AtomicBool,
-    waker: AtomicWaker,
-}
-
-impl Gate {
-    fn open(&self) {
-        self.open.store(true, Ordering::SeqCst);
-        self.waker.wake();
-    }
-}
-
-impl AsyncRead for GatedIo {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        self.gate.waker.register(cx.waker());
-        if !self.gate.open.load(Ordering::SeqCst) {
-            return Poll::Pending;
-        }
-        Pin::new(&mut self.tcp).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for GatedIo {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
-    }
-}
-
 /// A `HealthCheckRequest` of service `""` as one gRPC message frame: uncompressed, length
 /// 0 (every field at its default).
 const EMPTY_MESSAGE_FRAME: [u8; 5] = [0, 0, 0, 0, 0];
@@ -247,14 +187,10 @@ async fn hold_streams(
     hold: Duration,
     ignore_limit: bool,
 ) -> anyhow::Result<Outcomes> {
-    let gate = Arc::new(Gate::default());
+    let (io, gate) = GatedIo::new(connect_from(0, addr).await?);
     if !ignore_limit {
         gate.open();
     }
-    let io = GatedIo {
-        tcp: connect_from(0, addr).await?,
-        gate: gate.clone(),
-    };
     let mut builder = h2::client::Builder::new();
     if ignore_limit {
         builder.initial_max_send_streams(count);
