@@ -22,6 +22,8 @@
 //! to this binary, on a new embedded journal file, on a free loopback port. `--server-env
 //! KEY=VALUE` sets its settings. See docs/performance.md, "Held streams".
 
+mod server_process;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +40,8 @@ use opjournal_gated_io::{GatedIo, connect_from};
 use sha2::Digest as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tonic::transport::{Channel, ClientTlsConfig};
+
+use server_process::{free_port, parse_env, rss_mib};
 
 /// Which attack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -104,27 +108,6 @@ struct Args {
     /// A server setting as an environment variable, `KEY=VALUE` (repeatable).
     #[arg(long = "server-env", value_parser = parse_env)]
     server_env: Vec<(String, String)>,
-}
-
-fn parse_env(value: &str) -> Result<(String, String), String> {
-    value
-        .split_once('=')
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .ok_or_else(|| "expected KEY=VALUE".to_owned())
-}
-
-/// Resident memory of process `pid`, in MiB.
-fn rss_mib(pid: u32) -> anyhow::Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .context("no VmRSS")?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()?;
-    Ok(kib / 1024.0)
 }
 
 /// Open file descriptors of process `pid`.
@@ -596,13 +579,6 @@ fn token_entry(name: &str, token: &str, namespace: &str) -> String {
         "{{name=\"{name}\", sha256=\"{}\", namespaces=[\"{namespace}\"], roles=[\"client\"]}}",
         hex::encode(sha2::Sha256::digest(token.as_bytes()))
     )
-}
-
-/// A free port on 127.0.0.1 (for the health-only listener, announced after the journal's).
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 #[tokio::main]
