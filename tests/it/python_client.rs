@@ -7,7 +7,8 @@ use crate::common;
 use std::path::PathBuf;
 
 use common::client_suites::{
-    Row, assert_outcomes_recorded, repo, row, run_suite, spawn_with_client_token, tool, transitions,
+    Row, assert_outcomes_recorded, check_stale_and_taken_over_leases, repo, row, run_suite,
+    spawn_with_client_token, tool, transitions,
 };
 use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
@@ -97,20 +98,7 @@ async fn the_python_client_surfaces_lease_lost_and_renews_leases(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     pytest(&app, &["tests/test_leases.py"]).await;
 
-    // The stale holders' reports were refused: each key was completed by its second holder.
-    let stale = row(&app, "py:leases:stale-holder").await.unwrap();
-    assert_eq!(
-        (stale.status.as_str(), stale.attempt_count),
-        ("succeeded", 2)
-    );
-    assert_ne!(stale.external_id.as_deref(), Some("pay_stale"));
-    let taken = row(&app, "py:leases:taken-over").await.unwrap();
-    assert_eq!(
-        (taken.status.as_str(), taken.attempt_count),
-        ("succeeded", 2)
-    );
-    let counts = app.counts("py:leases:taken-over");
-    assert_eq!((counts.requests, counts.effects), (2, 1));
+    check_stale_and_taken_over_leases(&app, "py").await;
     // The asyncio client's holder saw LEASE_LOST; its report was refused too.
     let async_lost = row(&app, "py:leases:async-lost").await.unwrap();
     assert_eq!(

@@ -7,7 +7,8 @@ use crate::common;
 use std::path::PathBuf;
 
 use common::client_suites::{
-    assert_outcomes_recorded, repo, row, run_suite, spawn_with_client_token, transitions,
+    assert_outcomes_recorded, check_stale_and_taken_over_leases, repo, row, run_suite,
+    spawn_with_client_token, transitions,
 };
 use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
@@ -78,19 +79,7 @@ async fn the_typescript_client_surfaces_lease_lost_and_renews_leases(pool: PgPoo
     let app = TestApp::spawn(pool).await;
     node_test(&app, "leases.test.js").await;
 
-    let stale = row(&app, "ts:leases:stale-holder").await.unwrap();
-    assert_eq!(
-        (stale.status.as_str(), stale.attempt_count),
-        ("succeeded", 2)
-    );
-    assert_ne!(stale.external_id.as_deref(), Some("pay_stale"));
-    let taken = row(&app, "ts:leases:taken-over").await.unwrap();
-    assert_eq!(
-        (taken.status.as_str(), taken.attempt_count),
-        ("succeeded", 2)
-    );
-    let counts = app.counts("ts:leases:taken-over");
-    assert_eq!((counts.requests, counts.effects), (2, 1));
+    check_stale_and_taken_over_leases(&app, "ts").await;
     let renewed = row(&app, "ts:leases:renewed").await.unwrap();
     assert_eq!(
         (renewed.status.as_str(), renewed.attempt_count),

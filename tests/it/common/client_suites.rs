@@ -101,6 +101,29 @@ pub async fn row(app: &TestApp, key: &str) -> Option<Row> {
     })
 }
 
+/// The rows a client's lease suite leaves under `prefix` (`py`, `ts`): the stale holders'
+/// reports were refused, so the stale-holder and taken-over keys were each completed by their
+/// second holder, and the taken-over payment took effect once.
+pub async fn check_stale_and_taken_over_leases(app: &TestApp, prefix: &str) {
+    let stale = row(app, &format!("{prefix}:leases:stale-holder"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (stale.status.as_str(), stale.attempt_count),
+        ("succeeded", 2)
+    );
+    assert_ne!(stale.external_id.as_deref(), Some("pay_stale"));
+    let taken = row(app, &format!("{prefix}:leases:taken-over"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (taken.status.as_str(), taken.attempt_count),
+        ("succeeded", 2)
+    );
+    let counts = app.counts(&format!("{prefix}:leases:taken-over"));
+    assert_eq!((counts.requests, counts.effects), (2, 1));
+}
+
 /// The (from, to) statuses of `key`'s history, oldest first.
 pub async fn transitions(app: &TestApp, key: &str) -> Vec<(Option<String>, String)> {
     sqlx::query_as(
