@@ -381,25 +381,7 @@ async fn an_email_without_lookup_goes_to_review_and_is_never_resent(pool: PgPool
         (stale.code(), reason(&stale).as_str()),
         (Code::FailedPrecondition, "OPERATION_CHANGED")
     );
-    let resolved = app
-        .reconciler
-        .clone()
-        .resolve_operation(ResolveOperationRequest {
-            operation_key: key.into(),
-            expected_attempt_count: 1,
-            reviewer: "alice".into(),
-            reason: "seen in the provider's log".into(),
-            resolution: Some(Resolution::Succeeded(ResolveSucceeded {
-                external_id: "em_1".into(),
-                result_json: r#"{"status":"sent"}"#.into(),
-            })),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .operation
-        .unwrap();
+    let resolved = app.resolve_as_sent(key).await;
     assert_eq!(op_status(&resolved), OperationStatus::Succeeded);
     assert!(resolved.review_required_at.is_none());
     assert!(review_keys(&app).await.is_empty());

@@ -20,8 +20,6 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use common::*;
 use hmac::{KeyInit as _, Mac as _};
 use opjournal::domain::model::{Namespace, OperationKey};
-use opjournal::proto::resolve_operation_request::Resolution;
-use opjournal::proto::{ResolveOperationRequest, ResolveSucceeded};
 use opjournal::store::{DeliveryState, OutboxEntry};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
@@ -250,24 +248,6 @@ async fn unknown_email(app: &TestApp, key: &str) {
     app.report_unknown(&begin.lease_token).await;
 }
 
-async fn resolve_as_sent(app: &TestApp, key: &str) {
-    app.reconciler
-        .clone()
-        .resolve_operation(ResolveOperationRequest {
-            operation_key: key.into(),
-            expected_attempt_count: 1,
-            reviewer: "alice".into(),
-            reason: "seen in the provider's log".into(),
-            resolution: Some(Resolution::Succeeded(ResolveSucceeded {
-                external_id: "em_1".into(),
-                result_json: r#"{"status":"sent"}"#.into(),
-            })),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-}
-
 async fn outbox(app: &TestApp, key: &str) -> Vec<OutboxEntry> {
     let store = app.db.database().store();
     let (ns, key) = (
@@ -305,7 +285,7 @@ async fn escalation_and_resolution_reach_the_receiver_once(app: &TestApp) {
         receiver.events().len() == 1
     })
     .await;
-    resolve_as_sent(app, key).await;
+    app.resolve_as_sent(key).await;
     eventually("the resolution is delivered", || async {
         receiver.events().len() == 2 && all_delivered(app, &[key]).await
     })
@@ -571,7 +551,7 @@ async fn the_chat_bridge_example_posts_one_message_per_event(pool: PgPool) {
         messages.lock().unwrap().len() == 1
     })
     .await;
-    resolve_as_sent(&app, key).await;
+    app.resolve_as_sent(key).await;
     eventually("the resolution is in the channel", || async {
         all_delivered(&app, &[key]).await
     })

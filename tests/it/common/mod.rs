@@ -530,6 +530,30 @@ impl TestApp {
             .map(tonic::Response::into_inner)
     }
 
+    /// Alice resolves the unknown operation `key` (its first attempt) as sent: external id
+    /// `em_1`, result `{"status":"sent"}`. Returns the settled record.
+    pub async fn resolve_as_sent(&self, key: &str) -> proto::Operation {
+        use proto::resolve_operation_request::Resolution;
+        self.reconciler
+            .clone()
+            .resolve_operation(proto::ResolveOperationRequest {
+                operation_key: key.into(),
+                expected_attempt_count: 1,
+                reviewer: "alice".into(),
+                reason: "seen in the provider's log".into(),
+                resolution: Some(Resolution::Succeeded(proto::ResolveSucceeded {
+                    external_id: "em_1".into(),
+                    result_json: r#"{"status":"sent"}"#.into(),
+                })),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .operation
+            .unwrap()
+    }
+
     pub async fn report_unknown(&self, token: &str) -> proto::Operation {
         self.journal
             .clone()
