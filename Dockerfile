@@ -9,12 +9,12 @@
 #   docker run --rm opjournal:dev --help
 #
 # In the image the server listens on every address, so `serve` refuses to start until
-# callers must authenticate: give it tokens (OPJOURNAL_TOKENS, see docs/configuration.md) or
+# callers must authenticate: give it tokens (OPJOURNAL_AUTH__TOKENS, see docs/configuration.md) or
 # mutual TLS, or, only where something in front authenticates for it (a service mesh),
-# OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED=true. The image sets neither.
+# OPJOURNAL_AUTH__INSECURE_ALLOW_UNAUTHENTICATED=true. The image sets neither.
 #
 #   docker run --rm -p 50051:50051 \
-#     -e OPJOURNAL_TOKENS='[{name="me", sha256="<64 hex>", namespaces=["*"], roles=["admin"]}]' \
+#     -e OPJOURNAL_AUTH__TOKENS='[{name="me", sha256="<64 hex>", namespaces=["*"], roles=["admin"]}]' \
 #     opjournal:dev
 #
 # Needs BuildKit (Docker 23+, buildx, podman/buildah): cargo's registry and target directory
@@ -56,11 +56,11 @@ COPY --from=build /out/ /usr/local/bin/
 COPY config/policy.example.yaml /etc/opjournal/policy.example.yaml
 # In a container the servers listen on every address (the defaults are 127.0.0.1); the
 # manifests set these too. `serve` then needs tokens, mutual TLS or an explicit
-# OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED=true to start (see above).
-ENV OPJOURNAL_LISTEN=0.0.0.0:50051 \
-    OPJOURNAL_RECONCILER_HEALTH_LISTEN=0.0.0.0:50052 \
-    OPJOURNAL_METRICS_LISTEN=0.0.0.0:9464 \
-    OPJOURNAL_RECONCILER_METRICS_LISTEN=0.0.0.0:9465 \
+# OPJOURNAL_AUTH__INSECURE_ALLOW_UNAUTHENTICATED=true to start (see above).
+ENV OPJOURNAL_SERVER__LISTEN=0.0.0.0:50051 \
+    OPJOURNAL_RECONCILE__HEALTH_LISTEN=0.0.0.0:50052 \
+    OPJOURNAL_SERVER__METRICS_LISTEN=0.0.0.0:9464 \
+    OPJOURNAL_RECONCILE__METRICS_LISTEN=0.0.0.0:9465 \
     OPJOURNAL_SANDBOX_LISTEN=0.0.0.0:8081
 # gRPC (server), gRPC health (reconcile worker), Prometheus metrics (server, worker), HTTP
 # (sandbox).

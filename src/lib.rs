@@ -3,7 +3,7 @@
 //! # Layers
 //!
 //! Each module may use its own layer and the layers below it, never one above (lowest first;
-//! `tests/layers.rs` checks every `crate::` path against this line):
+//! `tests/it/layers.rs` checks every `crate::` path against this line):
 //!
 //! ```text
 //! proto < domain < telemetry < store < journal < reconcile < api < config < app < cli, ops, children

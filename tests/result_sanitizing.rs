@@ -6,6 +6,10 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+// A binary of its own (not a module of `it/`): it captures the logs of its whole process.
+// It uses a part of the shared support module, whose other items are dead code here only.
+#[allow(dead_code)]
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::io::Write;

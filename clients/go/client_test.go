@@ -1,6 +1,6 @@
 package opjournal_test
 
-// The client against a real server and sandbox (tests/go_client.rs starts them and then
+// The client against a real server and sandbox (tests/it/go_client.rs starts them and then
 // checks the journal rows and the provider's counts itself). Environment:
 // OPJOURNAL_TEST_SERVER (host:port), OPJOURNAL_TEST_SANDBOX_URL; without them these tests
 // are skipped (`go test -v` says so).
@@ -35,7 +35,7 @@ func liveEnv(t *testing.T) live {
 	t.Helper()
 	server, sandbox := os.Getenv("OPJOURNAL_TEST_SERVER"), os.Getenv("OPJOURNAL_TEST_SANDBOX_URL")
 	if server == "" || sandbox == "" {
-		t.Skip("OPJOURNAL_TEST_SERVER and OPJOURNAL_TEST_SANDBOX_URL are not set: run through tests/go_client.rs")
+		t.Skip("OPJOURNAL_TEST_SERVER and OPJOURNAL_TEST_SANDBOX_URL are not set: run through tests/it/go_client.rs")
 	}
 	return live{server: server, sandbox: strings.TrimSuffix(sandbox, "/")}
 }
@@ -294,7 +294,7 @@ func TestAuthTheTokenReachesItsNamespaceAndNoOther(t *testing.T) {
 	l := liveEnv(t)
 	token := os.Getenv("OPJOURNAL_TEST_TOKEN")
 	if token == "" {
-		t.Skip("OPJOURNAL_TEST_TOKEN is not set: run through tests/go_client.rs")
+		t.Skip("OPJOURNAL_TEST_TOKEN is not set: run through tests/it/go_client.rs")
 	}
 	ctx := context.Background()
 	intent := func(namespace string) opjournal.Intent {

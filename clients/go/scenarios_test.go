@@ -4,7 +4,7 @@ package opjournal_test
 // show; read its header) through this client's Execute, and checks each step's expect and
 // the scenario's final rows and provider counts.
 //
-// Environment (set by tests/client_scenarios.rs): OPJOURNAL_TEST_SERVER (host:port),
+// Environment (set by tests/it/client_scenarios.rs): OPJOURNAL_TEST_SERVER (host:port),
 // OPJOURNAL_TEST_SANDBOX_URL, OPJOURNAL_TEST_CONTROL_URL, OPJOURNAL_SCENARIO_PREFIX;
 // OPJOURNAL_SCENARIOS_FILE names another scenario file. Without OPJOURNAL_TEST_SERVER the
 // test is skipped (`go test -v` says so).
@@ -96,7 +96,7 @@ func requireEnv(t *testing.T, name string) string {
 	t.Helper()
 	value := os.Getenv(name)
 	if value == "" {
-		t.Fatalf("%s is not set: run the scenarios through tests/client_scenarios.rs", name)
+		t.Fatalf("%s is not set: run the scenarios through tests/it/client_scenarios.rs", name)
 	}
 	return value
 }
@@ -104,7 +104,7 @@ func requireEnv(t *testing.T, name string) string {
 func TestScenarios(t *testing.T) {
 	server := os.Getenv("OPJOURNAL_TEST_SERVER")
 	if server == "" {
-		t.Skip("OPJOURNAL_TEST_SERVER is not set: run the scenarios through tests/client_scenarios.rs")
+		t.Skip("OPJOURNAL_TEST_SERVER is not set: run the scenarios through tests/it/client_scenarios.rs")
 	}
 	file := os.Getenv("OPJOURNAL_SCENARIOS_FILE")
 	if file == "" {

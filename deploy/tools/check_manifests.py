@@ -114,12 +114,12 @@ def check_pod(where: str, pod: dict, configmaps: dict) -> None:
         for key, entry in env_of(c).items():
             if SECRET_LIKE.search(key) and "value" in entry:
                 problem(cw, f"{key} is written in the manifest; reference a Secret instead")
-        policy = env_value(c, "OPJOURNAL_POLICY_FILE")
+        policy = env_value(c, "OPJOURNAL_SERVER__POLICY_FILE")
         if policy:
             directory, filename = os.path.split(policy)
             mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == directory]
             if not mounts:
-                problem(cw, f"OPJOURNAL_POLICY_FILE={policy} is not under a volume mount")
+                problem(cw, f"OPJOURNAL_SERVER__POLICY_FILE={policy} is not under a volume mount")
                 continue
             mount = mounts[0]
             if mount.get("readOnly") is not True:
@@ -169,15 +169,15 @@ def check_metrics(where: str, template: dict, c: dict, variable: str) -> None:
 def check_server(where: str, pod: dict) -> None:
     c = pod["containers"][0]
     ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
-    listen = env_value(c, "OPJOURNAL_LISTEN")
+    listen = env_value(c, "OPJOURNAL_SERVER__LISTEN")
     if not listen or not listen.startswith("0.0.0.0:"):
-        problem(where, f"OPJOURNAL_LISTEN must listen on every address, not {listen!r}")
+        problem(where, f"OPJOURNAL_SERVER__LISTEN must listen on every address, not {listen!r}")
     if port_of(listen) != ports.get("grpc"):
         problem(where, f"the container port named grpc ({ports.get('grpc')}) is not {listen}")
-    health = env_value(c, "OPJOURNAL_HEALTH_LISTEN")
+    health = env_value(c, "OPJOURNAL_SERVER__HEALTH_LISTEN")
     if health is not None:
         if not health.startswith("0.0.0.0:"):
-            problem(where, f"OPJOURNAL_HEALTH_LISTEN must listen on every address (the kubelet "
+            problem(where, f"OPJOURNAL_SERVER__HEALTH_LISTEN must listen on every address (the kubelet "
                     f"probes the pod's IP), not {health!r}")
         if port_of(health) != ports.get("health"):
             problem(where, f"the container port named health ({ports.get('health')}) is not "
@@ -187,26 +187,26 @@ def check_server(where: str, pod: dict) -> None:
                            ("readinessProbe", "readiness")):
         grpc_probe(where, c, probe, health_port(c), service)
     pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
-    drain_delay = float(env_value(c, "OPJOURNAL_DRAIN_DELAY_SECONDS") or 0)
+    drain_delay = float(env_value(c, "OPJOURNAL_SERVER__DRAIN_DELAY") or 0)
     grace = pod.get("terminationGracePeriodSeconds", 30)
     if grace <= pre_stop + drain_delay + DRAIN_BUDGET_SECONDS:
         problem(where, f"terminationGracePeriodSeconds {grace} must exceed preStop {pre_stop} "
                 f"+ drain_delay_seconds {drain_delay} + drain {DRAIN_BUDGET_SECONDS}")
-    if "valueFrom" not in env_of(c).get("OPJOURNAL_DATABASE_URL", {}):
-        problem(where, "OPJOURNAL_DATABASE_URL must come from a Secret")
+    if "valueFrom" not in env_of(c).get("OPJOURNAL_DATABASE__URL", {}):
+        problem(where, "OPJOURNAL_DATABASE__URL must come from a Secret")
 
 
 def check_reconciler(where: str, pod: dict) -> None:
     c = pod["containers"][0]
-    listen = env_value(c, "OPJOURNAL_RECONCILER_HEALTH_LISTEN")
+    listen = env_value(c, "OPJOURNAL_RECONCILE__HEALTH_LISTEN")
     if not listen or not listen.startswith("0.0.0.0:"):
-        problem(where, "OPJOURNAL_RECONCILER_HEALTH_LISTEN must listen on every address "
+        problem(where, "OPJOURNAL_RECONCILE__HEALTH_LISTEN must listen on every address "
                 f"(the kubelet probes the pod's IP), not {listen!r}")
     grpc_probe(where, c, "startupProbe", port_of(listen), "liveness")
     grpc_probe(where, c, "livenessProbe", port_of(listen), "liveness")
     grpc_probe(where, c, "readinessProbe", port_of(listen), "readiness")
-    if "valueFrom" not in env_of(c).get("OPJOURNAL_DATABASE_URL", {}):
-        problem(where, "OPJOURNAL_DATABASE_URL must come from a Secret")
+    if "valueFrom" not in env_of(c).get("OPJOURNAL_DATABASE__URL", {}):
+        problem(where, "OPJOURNAL_DATABASE__URL must come from a Secret")
 
 
 def check_monitoring(docs: list, pod_templates: dict) -> None:
@@ -306,11 +306,11 @@ def check_documents(overlay: str, docs: list[dict], policy_bin: str | None = Non
         check_pod(where, pod, configmaps)
         if component == "server":
             check_server(where, pod)
-            check_metrics(where, template, pod["containers"][0], "OPJOURNAL_METRICS_LISTEN")
+            check_metrics(where, template, pod["containers"][0], "OPJOURNAL_SERVER__METRICS_LISTEN")
         elif component == "reconciler":
             check_reconciler(where, pod)
             check_metrics(where, template, pod["containers"][0],
-                          "OPJOURNAL_RECONCILER_METRICS_LISTEN")
+                          "OPJOURNAL_RECONCILE__METRICS_LISTEN")
         if overlay == "prod":
             for c in pod["containers"]:
                 if "@sha256:" not in c["image"]:

@@ -1,13 +1,13 @@
 """Who may reach a rendered overlay's server, and how: the checks of check_manifests.py that
 concern authentication, TLS and NetworkPolicies.
 
-- Authentication: the server's bearer tokens come from a Secret (OPJOURNAL_TOKENS_FILE on a
-  Secret volume, or OPJOURNAL_TOKENS from a secretKeyRef). Outside prod a server without
-  tokens must say so (OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED=true, or it refuses to listen
+- Authentication: the server's bearer tokens come from a Secret (OPJOURNAL_AUTH__TOKENS_FILE on a
+  Secret volume, or OPJOURNAL_AUTH__TOKENS from a secretKeyRef). Outside prod a server without
+  tokens must say so (OPJOURNAL_AUTH__INSECURE_ALLOW_UNAUTHENTICATED=true, or it refuses to listen
   on 0.0.0.0); in prod it must have tokens and must not set that flag.
 - TLS: certificate and key files from one Secret volume, mounted whole (a subPath mount never
   sees a renewal) and readable by the process; with TLS on, health is served in plaintext on
-  OPJOURNAL_HEALTH_LISTEN for the kubelet's probes. Prod serves TLS.
+  OPJOURNAL_SERVER__HEALTH_LISTEN for the kubelet's probes. Prod serves TLS.
 - NetworkPolicies, checked for their shape wherever they exist, required in prod: every
   server and worker pod is selected by an ingress policy; every rule names its ports and its
   sources; every source is a namespace named by labels (never an ipBlock, an empty selector
@@ -25,7 +25,7 @@ import os
 CALLER_LABEL = "opjournal.dev/caller"
 # The label Kubernetes puts on every namespace, holding its name.
 NAMESPACE_NAME = "kubernetes.io/metadata.name"
-INSECURE = "OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED"
+INSECURE = "OPJOURNAL_AUTH__INSECURE_ALLOW_UNAUTHENTICATED"
 COMPONENT = "app.kubernetes.io/component"
 
 
@@ -89,18 +89,18 @@ def secret_file(where: str, pod: dict, c: dict, variable: str, found: Findings) 
 
 
 def check_authentication(overlay: str, where: str, pod: dict, c: dict, found: Findings) -> None:
-    from_file = secret_file(where, pod, c, "OPJOURNAL_TOKENS_FILE", found)
-    inline = env_of(c).get("OPJOURNAL_TOKENS")
+    from_file = secret_file(where, pod, c, "OPJOURNAL_AUTH__TOKENS_FILE", found)
+    inline = env_of(c).get("OPJOURNAL_AUTH__TOKENS")
     from_env = inline is not None and "secretKeyRef" in inline.get("valueFrom", {})
     if inline is not None and not from_env:
-        found.add(where, "OPJOURNAL_TOKENS must come from a Secret (secretKeyRef)")
+        found.add(where, "OPJOURNAL_AUTH__TOKENS must come from a Secret (secretKeyRef)")
     has_tokens = bool(from_file or from_env)
     flagged = INSECURE in env_of(c)
     insecure = (env_value(c, INSECURE) or "").lower() == "true"
     if overlay == "prod":
         if not has_tokens:
             found.add(where, "authentication is off: prod needs bearer tokens from a Secret "
-                      "(OPJOURNAL_TOKENS_FILE on a Secret volume, or OPJOURNAL_TOKENS from a "
+                      "(OPJOURNAL_AUTH__TOKENS_FILE on a Secret volume, or OPJOURNAL_AUTH__TOKENS from a "
                       "secretKeyRef)")
         if flagged:
             found.add(where, f"{INSECURE} must not be set in prod")
@@ -112,29 +112,29 @@ def check_authentication(overlay: str, where: str, pod: dict, c: dict, found: Fi
 
 
 def check_tls(overlay: str, where: str, pod: dict, c: dict, found: Findings) -> None:
-    cert = env_value(c, "OPJOURNAL_TLS_CERT_FILE")
-    key = env_value(c, "OPJOURNAL_TLS_KEY_FILE")
+    cert = env_value(c, "OPJOURNAL_TLS__CERT_FILE")
+    key = env_value(c, "OPJOURNAL_TLS__KEY_FILE")
     if not cert and not key:
         if overlay == "prod":
-            found.add(where, "TLS is off: prod serves TLS from a Secret (OPJOURNAL_TLS_CERT_FILE "
-                      "and OPJOURNAL_TLS_KEY_FILE); for a mesh's mTLS, use an overlay of your own")
+            found.add(where, "TLS is off: prod serves TLS from a Secret (OPJOURNAL_TLS__CERT_FILE "
+                      "and OPJOURNAL_TLS__KEY_FILE); for a mesh's mTLS, use an overlay of your own")
         return
     if not cert or not key:
-        found.add(where, "OPJOURNAL_TLS_CERT_FILE and OPJOURNAL_TLS_KEY_FILE go together")
+        found.add(where, "OPJOURNAL_TLS__CERT_FILE and OPJOURNAL_TLS__KEY_FILE go together")
     secrets = {secret_file(where, pod, c, v, found)
-               for v in ("OPJOURNAL_TLS_CERT_FILE", "OPJOURNAL_TLS_KEY_FILE") if env_value(c, v)}
+               for v in ("OPJOURNAL_TLS__CERT_FILE", "OPJOURNAL_TLS__KEY_FILE") if env_value(c, v)}
     if len(secrets) != 1:
         found.add(where, "the certificate and its key must come from one Secret (renewed together)")
-    secret_file(where, pod, c, "OPJOURNAL_TLS_CLIENT_CA_FILE", found)
-    health = env_value(c, "OPJOURNAL_HEALTH_LISTEN")
+    secret_file(where, pod, c, "OPJOURNAL_TLS__CLIENT_CA_FILE", found)
+    health = env_value(c, "OPJOURNAL_SERVER__HEALTH_LISTEN")
     if not health:
-        found.add(where, "TLS is on but OPJOURNAL_HEALTH_LISTEN is not set: the kubelet's grpc "
+        found.add(where, "TLS is on but OPJOURNAL_SERVER__HEALTH_LISTEN is not set: the kubelet's grpc "
                   "probes speak plaintext only")
 
 
 def health_port(c: dict) -> int | None:
     """The port the kubelet's probes must use: the plaintext health listener, if any."""
-    return port_of(env_value(c, "OPJOURNAL_HEALTH_LISTEN") or env_value(c, "OPJOURNAL_LISTEN"))
+    return port_of(env_value(c, "OPJOURNAL_SERVER__HEALTH_LISTEN") or env_value(c, "OPJOURNAL_SERVER__LISTEN"))
 
 
 def selects(selector: dict | None, labels: dict) -> bool:

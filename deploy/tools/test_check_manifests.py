@@ -74,10 +74,10 @@ class Prod(unittest.TestCase):
         self.assertEqual(self.failures(lambda docs: None), [])
 
     def test_authentication_is_required(self) -> None:
-        self.assertRefused(lambda d: drop_env(d, "OPJOURNAL_TOKENS_FILE"), "authentication is off")
+        self.assertRefused(lambda d: drop_env(d, "OPJOURNAL_AUTH__TOKENS_FILE"), "authentication is off")
 
     def test_the_insecure_flag_is_refused(self) -> None:
-        self.assertRefused(lambda d: set_env(d, "OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED", "true"),
+        self.assertRefused(lambda d: set_env(d, "OPJOURNAL_AUTH__INSECURE_ALLOW_UNAUTHENTICATED", "true"),
                            "must not be set in prod")
 
     def test_tokens_come_from_a_secret(self) -> None:
@@ -87,16 +87,16 @@ class Prod(unittest.TestCase):
                     volume.pop("secret")
                     volume["configMap"] = {"name": "opjournal-policy"}
         self.assertRefused(from_config_map, "must come from a Secret volume")
-        self.assertRefused(lambda d: set_env(d, "OPJOURNAL_TOKENS", "[]"),
-                           "OPJOURNAL_TOKENS must come from a Secret")
+        self.assertRefused(lambda d: set_env(d, "OPJOURNAL_AUTH__TOKENS", "[]"),
+                           "OPJOURNAL_AUTH__TOKENS must come from a Secret")
 
     def test_tls_is_required_and_the_probes_use_the_plaintext_health_port(self) -> None:
         def no_tls(docs):
-            drop_env(docs, "OPJOURNAL_TLS_CERT_FILE")
-            drop_env(docs, "OPJOURNAL_TLS_KEY_FILE")
+            drop_env(docs, "OPJOURNAL_TLS__CERT_FILE")
+            drop_env(docs, "OPJOURNAL_TLS__KEY_FILE")
         self.assertRefused(no_tls, "TLS is off")
-        self.assertRefused(lambda d: drop_env(d, "OPJOURNAL_HEALTH_LISTEN"),
-                           "OPJOURNAL_HEALTH_LISTEN is not set")
+        self.assertRefused(lambda d: drop_env(d, "OPJOURNAL_SERVER__HEALTH_LISTEN"),
+                           "OPJOURNAL_SERVER__HEALTH_LISTEN is not set")
 
         def probe_the_tls_port(docs):
             container(docs)["readinessProbe"]["grpc"]["port"] = 50051
@@ -211,14 +211,14 @@ class Elsewhere(unittest.TestCase):
 
     def test_without_tokens_the_insecure_flag_must_be_explicit(self) -> None:
         docs = rendered("dev")
-        drop_env(docs, "OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED")
+        drop_env(docs, "OPJOURNAL_AUTH__INSECURE_ALLOW_UNAUTHENTICATED")
         found = check_manifests.check_documents("dev", docs)
         self.assertTrue(any("refuses to listen on 0.0.0.0 without tokens" in p for p in found),
                         found)
 
     def test_the_insecure_flag_beside_tokens_is_refused(self) -> None:
         docs = rendered("base")
-        set_env(docs, "OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED", "true")
+        set_env(docs, "OPJOURNAL_AUTH__INSECURE_ALLOW_UNAUTHENTICATED", "true")
         found = check_manifests.check_documents("base", docs)
         self.assertTrue(any("set beside tokens" in p for p in found), found)
 

@@ -231,14 +231,23 @@ impl From<StatusFilter> for Status {
     }
 }
 
+/// A `--server` that is not an absolute `http://` or `https://` URL with a host.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerUrlError {
+    /// Not a URL at all.
+    #[error("not a URL ({0}); expected http://host:port or https://host:port")]
+    NotAUrl(#[from] http::uri::InvalidUri),
+    /// A URL of another scheme, or without a host.
+    #[error("expected http://host:port or https://host:port")]
+    NotHttp,
+}
+
 /// Parses `--server`: an absolute `http://` (plaintext) or `https://` (TLS) URL.
-fn parse_server(value: &str) -> Result<Uri, String> {
-    let uri: Uri = value
-        .parse()
-        .map_err(|e| format!("not a URL ({e}); expected http://host:port or https://host:port"))?;
+fn parse_server(value: &str) -> Result<Uri, ServerUrlError> {
+    let uri: Uri = value.parse()?;
     match (uri.scheme_str(), uri.authority()) {
         (Some("http" | "https"), Some(_)) => Ok(uri),
-        _ => Err("expected http://host:port or https://host:port".to_owned()),
+        _ => Err(ServerUrlError::NotHttp),
     }
 }
 

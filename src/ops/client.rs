@@ -23,7 +23,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// The largest page the server serves for operations.
 const MAX_OPERATIONS_PAGE: u32 = 500;
 /// The largest page the server serves for history events.
-const MAX_HISTORY_PAGE: i32 = 1000;
+const MAX_HISTORY_PAGE: u32 = 1000;
 
 /// Filters of `list`.
 #[derive(Debug, Clone, Default)]
@@ -125,33 +125,27 @@ impl OpsClient {
         filter: &ListFilter,
         limit: u32,
     ) -> Result<Vec<proto::Operation>, Status> {
-        let status = filter.status.map(status_to_proto).unwrap_or_default();
-        let mut operations = Vec::new();
-        let mut page_token = String::new();
-        loop {
-            let page = self
-                .journal
-                .list_operations(proto::ListOperationsRequest {
-                    namespace: filter.namespace.clone(),
-                    status: status.into(),
-                    action_type: filter.action_type.clone(),
-                    page_size: page_size(limit, operations.len()),
-                    page_token: page_token.clone(),
-                })
-                .await?
-                .into_inner();
-            operations.extend(page.operations);
-            if !next_page(
-                &mut page_token,
-                page.next_page_token,
-                operations.len(),
-                limit,
-            ) {
-                break;
+        let status: i32 = filter
+            .status
+            .map(status_to_proto)
+            .unwrap_or_default()
+            .into();
+        let journal = &self.journal;
+        collect_pages(limit, MAX_OPERATIONS_PAGE, |page_token, page_size| {
+            let mut journal = journal.clone();
+            let request = proto::ListOperationsRequest {
+                namespace: filter.namespace.clone(),
+                status,
+                action_type: filter.action_type.clone(),
+                page_size,
+                page_token,
+            };
+            async move {
+                let page = journal.list_operations(request).await?.into_inner();
+                Ok((page.operations, page.next_page_token))
             }
-        }
-        operations.truncate(limit_len(limit));
-        Ok(operations)
+        })
+        .await
     }
 
     /// One operation (GetOperation).
@@ -175,25 +169,24 @@ impl OpsClient {
         namespace: &str,
         key: &str,
     ) -> Result<Vec<proto::OperationEvent>, Status> {
-        let mut events = Vec::new();
-        let mut page_token = String::new();
-        loop {
-            let page = self
-                .reconciler
-                .get_operation_history(proto::GetOperationHistoryRequest {
-                    namespace: namespace.to_owned(),
-                    operation_key: key.to_owned(),
-                    page_size: MAX_HISTORY_PAGE,
-                    page_token: page_token.clone(),
-                })
-                .await?
-                .into_inner();
-            events.extend(page.events);
-            if !next_page(&mut page_token, page.next_page_token, 0, u32::MAX) {
-                break;
+        let reconciler = &self.reconciler;
+        collect_pages(u32::MAX, MAX_HISTORY_PAGE, |page_token, page_size| {
+            let mut reconciler = reconciler.clone();
+            let request = proto::GetOperationHistoryRequest {
+                namespace: namespace.to_owned(),
+                operation_key: key.to_owned(),
+                page_size,
+                page_token,
+            };
+            async move {
+                let page = reconciler
+                    .get_operation_history(request)
+                    .await?
+                    .into_inner();
+                Ok((page.events, page.next_page_token))
             }
-        }
-        Ok(events)
+        })
+        .await
     }
 
     /// Up to `limit` operations waiting for review, oldest escalation first.
@@ -202,30 +195,23 @@ impl OpsClient {
         namespace: &str,
         limit: u32,
     ) -> Result<Vec<proto::Operation>, Status> {
-        let mut operations = Vec::new();
-        let mut page_token = String::new();
-        loop {
-            let page = self
-                .reconciler
-                .list_operations_for_review(proto::ListOperationsForReviewRequest {
-                    namespace: namespace.to_owned(),
-                    page_size: page_size(limit, operations.len()),
-                    page_token: page_token.clone(),
-                })
-                .await?
-                .into_inner();
-            operations.extend(page.operations);
-            if !next_page(
-                &mut page_token,
-                page.next_page_token,
-                operations.len(),
-                limit,
-            ) {
-                break;
+        let reconciler = &self.reconciler;
+        collect_pages(limit, MAX_OPERATIONS_PAGE, |page_token, page_size| {
+            let mut reconciler = reconciler.clone();
+            let request = proto::ListOperationsForReviewRequest {
+                namespace: namespace.to_owned(),
+                page_size,
+                page_token,
+            };
+            async move {
+                let page = reconciler
+                    .list_operations_for_review(request)
+                    .await?
+                    .into_inner();
+                Ok((page.operations, page.next_page_token))
             }
-        }
-        operations.truncate(limit_len(limit));
-        Ok(operations)
+        })
+        .await
     }
 
     /// Reconciles one operation now (ReconcileOperation).
@@ -267,10 +253,35 @@ impl OpsClient {
     }
 }
 
-/// The page size to ask for when `have` of `limit` rows are in hand.
-fn page_size(limit: u32, have: usize) -> i32 {
+/// Follows a listing's pages until its end, `limit` rows, or a repeated page token: `fetch`
+/// is given the page token and the page size (at most `max_page`) and answers a page's rows
+/// and the next page's token. At most `limit` rows come back.
+async fn collect_pages<T, Fut>(
+    limit: u32,
+    max_page: u32,
+    mut fetch: impl FnMut(String, i32) -> Fut,
+) -> Result<Vec<T>, Status>
+where
+    Fut: Future<Output = Result<(Vec<T>, String), Status>>,
+{
+    let mut rows = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let (page, next) =
+            fetch(page_token.clone(), page_size(limit, rows.len(), max_page)).await?;
+        rows.extend(page);
+        if !next_page(&mut page_token, next, rows.len(), limit) {
+            break;
+        }
+    }
+    rows.truncate(limit_len(limit));
+    Ok(rows)
+}
+
+/// The page size to ask for when `have` of `limit` rows are in hand, at most `max_page`.
+fn page_size(limit: u32, have: usize, max_page: u32) -> i32 {
     let have = u32::try_from(have).unwrap_or(u32::MAX);
-    let wanted = limit.saturating_sub(have).clamp(1, MAX_OPERATIONS_PAGE);
+    let wanted = limit.saturating_sub(have).clamp(1, max_page);
     i32::try_from(wanted).unwrap_or(1)
 }
 
@@ -299,10 +310,11 @@ mod tests {
 
     #[test]
     fn pages_ask_for_what_is_still_wanted_within_the_server_maximum() {
-        assert_eq!(page_size(50, 0), 50);
-        assert_eq!(page_size(50, 30), 20);
-        assert_eq!(page_size(2000, 0), 500);
-        assert_eq!(page_size(10, 10), 1);
+        assert_eq!(page_size(50, 0, MAX_OPERATIONS_PAGE), 50);
+        assert_eq!(page_size(50, 30, MAX_OPERATIONS_PAGE), 20);
+        assert_eq!(page_size(2000, 0, MAX_OPERATIONS_PAGE), 500);
+        assert_eq!(page_size(10, 10, MAX_OPERATIONS_PAGE), 1);
+        assert_eq!(page_size(u32::MAX, 0, MAX_HISTORY_PAGE), 1000);
     }
 
     #[test]

@@ -25,6 +25,7 @@
 pub mod adapter;
 mod command;
 pub mod grpc;
+mod poll;
 mod reads;
 pub mod webhook;
 pub mod worker;

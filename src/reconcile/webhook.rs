@@ -19,6 +19,7 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
+use super::poll::{Rounds, poll_until};
 use crate::domain::escalation::{AfterFailure, RetrySchedule, WebhookSecret};
 use crate::store::{DeliveryOutcome, JournalStore, OutboxEntry, StoreError};
 use crate::telemetry::Metrics;
@@ -205,34 +206,39 @@ impl WebhookDelivery {
     /// Polls until `shutdown` is cancelled; the poll in progress finishes first (each
     /// attempt is bounded by the timeout). A database outage is logged and waited out.
     pub async fn run(&self, shutdown: CancellationToken) {
-        let mut last_sample: Option<std::time::Instant> = None;
-        let mut sampling_fails = false;
-        while !shutdown.is_cancelled() {
-            if last_sample.is_none_or(|at| at.elapsed() >= self.config.sample_interval) {
-                match self.sample().await {
-                    Ok(()) => sampling_fails = false,
-                    Err(error) if !sampling_fails => {
-                        tracing::warn!(error = %error, "cannot sample the webhook outbox; gauges cleared");
-                        sampling_fails = true;
-                    }
-                    Err(_) => {}
+        let rounds = DeliveryRounds {
+            delivery: self,
+            last_sample: None,
+            sampling_fails: false,
+        };
+        let outage = "store unavailable for webhook delivery; retrying";
+        poll_until(&shutdown, self.config.poll_interval, outage, rounds).await;
+    }
+}
+
+/// The delivery loop's rounds: the outbox gauges when due, then the due events.
+struct DeliveryRounds<'a> {
+    delivery: &'a WebhookDelivery,
+    last_sample: Option<std::time::Instant>,
+    sampling_fails: bool,
+}
+
+impl Rounds for DeliveryRounds<'_> {
+    async fn round(&mut self) -> Result<bool, StoreError> {
+        let delivery = self.delivery;
+        let sample_due = |at: std::time::Instant| at.elapsed() >= delivery.config.sample_interval;
+        if self.last_sample.is_none_or(sample_due) {
+            match delivery.sample().await {
+                Ok(()) => self.sampling_fails = false,
+                Err(error) if !self.sampling_fails => {
+                    tracing::warn!(error = %error, "cannot sample the webhook outbox; gauges cleared");
+                    self.sampling_fails = true;
                 }
-                last_sample = Some(std::time::Instant::now());
+                Err(_) => {}
             }
-            let pause = match self.deliver_due().await {
-                Ok(stats) if stats.attempts() >= self.config.batch_size.unsigned_abs() => {
-                    Duration::ZERO
-                }
-                Ok(_) => self.config.poll_interval,
-                Err(error) => {
-                    tracing::warn!(error = %error, "store unavailable for webhook delivery; retrying");
-                    self.config.poll_interval.max(Duration::from_secs(1))
-                }
-            };
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(pause) => {}
-            }
+            self.last_sample = Some(std::time::Instant::now());
         }
+        let stats = delivery.deliver_due().await?;
+        Ok(stats.attempts() >= delivery.config.batch_size.unsigned_abs())
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::poll::{Rounds, poll_until};
 use super::{ReconcileAction, Reconciler};
 use crate::domain::model::Status;
 use crate::store::{JournalStore, StoreError};
@@ -181,48 +182,52 @@ impl Worker {
     /// Polls until `shutdown` is cancelled; a poll in progress finishes first. A database
     /// outage is logged and waited out. Purges every `purge_interval`.
     pub async fn run(&self, shutdown: CancellationToken) {
-        let mut last_purge: Option<std::time::Instant> = None;
-        let mut statistics = NewJournalStatistics::default();
-        while !shutdown.is_cancelled() {
-            statistics.check(self.reconciler.store().as_ref()).await;
-            if last_purge.is_none_or(|at| at.elapsed() >= self.config.purge_interval) {
-                match self.purge(10).await {
-                    Ok(0) => {}
-                    Ok(purged) => tracing::info!(purged, "purged operations past retention"),
-                    Err(error) => tracing::warn!(error = %error, "purge failed; will retry"),
-                }
-                last_purge = Some(std::time::Instant::now());
+        let rounds = WorkerRounds {
+            worker: self,
+            last_purge: None,
+            statistics: NewJournalStatistics::default(),
+        };
+        let interval = self.config.poll_interval;
+        poll_until(&shutdown, interval, "store unavailable; retrying", rounds).await;
+    }
+}
+
+/// The worker's rounds: the new journal's statistics and the purge when due, then a tick.
+struct WorkerRounds<'a> {
+    worker: &'a Worker,
+    last_purge: Option<std::time::Instant>,
+    statistics: NewJournalStatistics,
+}
+
+impl Rounds for WorkerRounds<'_> {
+    async fn round(&mut self) -> Result<bool, StoreError> {
+        let worker = self.worker;
+        self.statistics
+            .check(worker.reconciler.store().as_ref())
+            .await;
+        let purge_due = |at: std::time::Instant| at.elapsed() >= worker.config.purge_interval;
+        if self.last_purge.is_none_or(purge_due) {
+            match worker.purge(10).await {
+                Ok(0) => {}
+                Ok(purged) => tracing::info!(purged, "purged operations past retention"),
+                Err(error) => tracing::warn!(error = %error, "purge failed; will retry"),
             }
-            let pause = match self.tick().await {
-                Ok(stats) => {
-                    if stats != TickStats::default() {
-                        tracing::info!(
-                            swept = stats.swept,
-                            looked_up = stats.looked_up,
-                            settled = stats.settled,
-                            released = stats.released,
-                            superseded = stats.superseded,
-                            escalated = stats.escalated,
-                            errors = stats.errors,
-                            "reconcile poll"
-                        );
-                    }
-                    if stats.looked_up as i64 >= self.config.batch_size {
-                        Duration::ZERO
-                    } else {
-                        self.config.poll_interval
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(error = %error, "store unavailable; retrying");
-                    self.config.poll_interval.max(Duration::from_secs(1))
-                }
-            };
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(pause) => {}
-            }
+            self.last_purge = Some(std::time::Instant::now());
         }
+        let stats = worker.tick().await?;
+        if stats != TickStats::default() {
+            tracing::info!(
+                swept = stats.swept,
+                looked_up = stats.looked_up,
+                settled = stats.settled,
+                released = stats.released,
+                superseded = stats.superseded,
+                escalated = stats.escalated,
+                errors = stats.errors,
+                "reconcile poll"
+            );
+        }
+        Ok(stats.looked_up as i64 >= worker.config.batch_size)
     }
 }
 

@@ -12,7 +12,7 @@
 use futures::TryStreamExt as _;
 use sqlx::{Connection as _, Row as _};
 
-use super::StoreError;
+use super::error::StoreError;
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 
@@ -103,56 +103,7 @@ pub async fn sqlite_to_postgres(
                 .await
                 .map_err(pg_error)?;
         }
-        let columns = shared_columns(&mut snapshot, &mut writer, table).await?;
-        let select = format!(
-            "SELECT {} FROM {table} ORDER BY {order}",
-            columns
-                .iter()
-                .map(|(name, _)| format!("CAST({name} AS TEXT) AS {name}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let insert = format!(
-            "INSERT INTO {table} ({}) OVERRIDING SYSTEM VALUE VALUES ({})",
-            columns
-                .iter()
-                .map(|(name, _)| name.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            columns
-                .iter()
-                .enumerate()
-                .map(|(i, (_, cast))| format!("CAST(${} AS {cast})", i + 1))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let mut rows = sqlx::query(sqlx::AssertSqlSafe(select)).fetch(&mut *snapshot);
-        let mut copied = 0;
-        while let Some(row) = rows.try_next().await.map_err(sqlite_error)? {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(insert.clone()));
-            for i in 0..columns.len() {
-                let value: Option<String> = row.try_get(i).map_err(sqlite_error)?;
-                query = query.bind(value);
-            }
-            query.execute(&mut *writer).await.map_err(pg_error)?;
-            copied += 1;
-        }
-        drop(rows);
-        let (expected,): (i64,) =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
-                .fetch_one(&mut *snapshot)
-                .await
-                .map_err(sqlite_error)?;
-        let (written,): (i64,) =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
-                .fetch_one(&mut *writer)
-                .await
-                .map_err(pg_error)?;
-        if expected != written || u64::try_from(written).ok() != Some(copied) {
-            return Err(CopyError::Verification(format!(
-                "{table}: {expected} rows in the file, {written} in Postgres"
-            )));
-        }
+        let copied = copy_table(&mut snapshot, &mut writer, table, order).await?;
         match table {
             "agent_operations" => report.operations = copied,
             "operation_events" => report.events = copied,
@@ -179,6 +130,67 @@ pub async fn sqlite_to_postgres(
     writer.commit().await.map_err(pg_error)?;
     snapshot.rollback().await.map_err(sqlite_error)?;
     Ok(report)
+}
+
+/// Copies `table` row by row, in `order`, from the file into Postgres, each value as text
+/// cast back to its column's type; answers how many rows went once both sides count them.
+async fn copy_table(
+    snapshot: &mut sqlx::SqliteConnection,
+    writer: &mut sqlx::PgConnection,
+    table: &str,
+    order: &str,
+) -> Result<u64, CopyError> {
+    let columns = shared_columns(snapshot, writer, table).await?;
+    let select = format!(
+        "SELECT {} FROM {table} ORDER BY {order}",
+        columns
+            .iter()
+            .map(|(name, _)| format!("CAST({name} AS TEXT) AS {name}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let insert = format!(
+        "INSERT INTO {table} ({}) OVERRIDING SYSTEM VALUE VALUES ({})",
+        columns
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        columns
+            .iter()
+            .enumerate()
+            .map(|(i, (_, cast))| format!("CAST(${} AS {cast})", i + 1))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut rows = sqlx::query(sqlx::AssertSqlSafe(select)).fetch(&mut *snapshot);
+    let mut copied = 0;
+    while let Some(row) = rows.try_next().await.map_err(sqlite_error)? {
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(insert.clone()));
+        for i in 0..columns.len() {
+            let value: Option<String> = row.try_get(i).map_err(sqlite_error)?;
+            query = query.bind(value);
+        }
+        query.execute(&mut *writer).await.map_err(pg_error)?;
+        copied += 1;
+    }
+    drop(rows);
+    let (expected,): (i64,) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+            .fetch_one(&mut *snapshot)
+            .await
+            .map_err(sqlite_error)?;
+    let (written,): (i64,) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+            .fetch_one(&mut *writer)
+            .await
+            .map_err(pg_error)?;
+    if expected != written || u64::try_from(written).ok() != Some(copied) {
+        return Err(CopyError::Verification(format!(
+            "{table}: {expected} rows in the file, {written} in Postgres"
+        )));
+    }
+    Ok(copied)
 }
 
 /// The columns of `table` in the file, each with the type of its Postgres counterpart to

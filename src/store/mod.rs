@@ -13,6 +13,7 @@
 //! take two statements (Postgres answers each in one).
 
 pub mod copy;
+mod error;
 pub mod group_commit;
 pub mod outbox;
 pub mod postgres;
@@ -34,22 +35,12 @@ use crate::domain::model::{
 
 pub use crate::domain::transition::{Resolution, Settlement};
 pub use crate::telemetry::metrics::BacklogStats;
+pub use error::StoreError;
 pub use group_commit::GroupCommit;
 pub use outbox::{DeliveryOutcome, DeliveryState, EscalationOutbox, OutboxEntry, OutboxStats};
 pub use postgres::PgStore;
 pub use sql::{Clock, SqlStore};
 pub use sqlite::SqliteStore;
-
-/// A storage failure, split by what the caller can do about it.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The database cannot be reached now; the request changed nothing and may be retried.
-    #[error("database unavailable")]
-    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// Anything else: a bug, a broken constraint, corrupt data.
-    #[error("database error")]
-    Other(#[source] Box<dyn std::error::Error + Send + Sync>),
-}
 
 /// A new intent to register, with the lease its registering caller gets.
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::postgres::PgPool;
 
-use super::StoreError;
+use super::error::StoreError;
 use super::sql::{Arg, BindColumns, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
 
 /// The migrations of this backend, embedded in the binary.
@@ -102,10 +102,8 @@ impl Dialect for Pg {
     run_on!(PgPool, sqlx::Postgres);
 
     /// One data-modifying CTE.
-    async fn purge(store: &PgStore, limit: i64) -> Result<u64, StoreError> {
-        let count: Vec<(i64,)> = store
-            .rows(&store.statements.purge, vec![limit.into()])
-            .await?;
+    async fn purge(pool: &PgPool, sql: &str, args: Vec<Arg>) -> Result<u64, StoreError> {
+        let count: Vec<(i64,)> = Self::fetch(pool, sql, args).await?;
         Ok(count
             .first()
             .map_or(0, |(count,)| u64::try_from(*count).unwrap_or(0)))

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 
-use super::StoreError;
+use super::error::StoreError;
 use super::sql::{Arg, BindColumns, Decoded, Dialect, SqlStore, arguments, classify_by, run_on};
 
 /// The migrations of this backend (`migrations/sqlite/`), embedded in the binary. The
@@ -114,16 +114,14 @@ impl Dialect for Lite {
     /// SQLite has no data-modifying CTE: the batch goes, then its history and its escalation
     /// events, in one short write transaction taken up front, so that nothing comes in
     /// between.
-    async fn purge(store: &SqliteStore, limit: i64) -> Result<u64, StoreError> {
-        let purge = &store.statements.purge;
-        let args = arguments::<sqlx::Sqlite>(store.args(purge, vec![limit.into()]))?;
-        let begin = store.pool.begin_with("BEGIN IMMEDIATE");
+    async fn purge(pool: &SqlitePool, sql: &str, args: Vec<Arg>) -> Result<u64, StoreError> {
+        let args = arguments::<sqlx::Sqlite>(args)?;
+        let begin = pool.begin_with("BEGIN IMMEDIATE");
         let mut tx = begin.await.map_err(classify)?;
-        let gone: Vec<(String, String)> =
-            sqlx::query_as_with(sqlx::AssertSqlSafe(purge.sql.as_str()), args)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(classify)?;
+        let gone: Vec<(String, String)> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(classify)?;
         let keys = serde_json::to_string(&gone).map_err(|e| StoreError::Other(Box::new(e)))?;
         for dependent in [
             include_str!("sql/sqlite/purge_events.sql"),

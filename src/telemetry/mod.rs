@@ -190,7 +190,7 @@ impl Telemetry {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
         // A `Targets` filter, not a closure: its interest is decided once per callsite. A
         // closure's "sometimes" interest beside the lines' per-layer `EnvFilter` lost events
-        // emitted on other threads (tests/binaries.rs checks the log lines of every task).
+        // emitted on other threads (tests/it/binaries.rs checks the log lines of every task).
         let otel = self.tracer_provider.as_ref().map(|provider| {
             tracing_opentelemetry::layer()
                 .with_tracer(provider.tracer(metrics::SCOPE))

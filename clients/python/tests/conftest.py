@@ -1,10 +1,10 @@
 """Fixtures for the tests that run against a real opjournal server and sandbox provider.
 
-The Rust integration tests ``tests/python_client.rs`` start both on port 0 over a fresh
+The Rust integration tests ``tests/it/python_client.rs`` start both on port 0 over a fresh
 Postgres database and run this suite with their addresses in ``OPJOURNAL_TEST_SERVER``
 (``host:port``) and ``OPJOURNAL_TEST_SANDBOX_URL``; afterwards they check the journal rows
 and the provider's effect counts themselves. The server's test policy
-(``tests/common/mod.rs``) defines the action types used here.
+(``tests/it/common/mod.rs``) defines the action types used here.
 """
 
 from __future__ import annotations

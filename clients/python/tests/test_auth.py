@@ -1,5 +1,5 @@
 """Bearer tokens and namespaces through the Python client, against a server that requires
-tokens (``tests/python_client.rs`` starts it knowing only ``OPJOURNAL_TEST_TOKEN``, a
+tokens (``tests/it/python_client.rs`` starts it knowing only ``OPJOURNAL_TEST_TOKEN``, a
 ``client`` of the namespace ``tenant-a``)."""
 
 from __future__ import annotations

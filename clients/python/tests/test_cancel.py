@@ -2,7 +2,7 @@
 flight, against the real server and sandbox: the granted lease is not lost but reported
 unknown at once (``cancelled_before_call``), the provider is never called, and a
 reconciliation proves the absence and releases the key, so the next call executes.
-``tests/python_client.rs`` checks the rows and the sandbox's counts afterwards.
+``tests/it/python_client.rs`` checks the rows and the sandbox's counts afterwards.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``@idempotent`` against the real server and sandbox: one intent called from sync code and
 from asyncio code, 200 concurrent calls across 20 asyncio tasks in two processes with one
 provider effect, a lost provider answer that is never called again, and other arguments
-under the same key. ``tests/python_client.rs`` then checks the rows and the sandbox's counts
+under the same key. ``tests/it/python_client.rs`` then checks the rows and the sandbox's counts
 from Rust.
 """
 

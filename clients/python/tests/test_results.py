@@ -1,7 +1,7 @@
 """What a protected function returns, and what the journal refuses to record, against the real
 server and sandbox: a returned value is a value (a ``str`` is never read as JSON text), a
 refused success report is an unknown outcome (never an error as if nothing had happened),
-and decorations that could only go wrong are refused up front. ``tests/python_client.rs``
+and decorations that could only go wrong are refused up front. ``tests/it/python_client.rs``
 checks the rows and the sandbox's counts of the ``py:results:*`` keys afterwards.
 """
 

@@ -1,7 +1,7 @@
 """The shared client scenarios (``clients/scenarios.yaml``, read its header) through the sync
 client and through the asyncio client.
 
-``tests/client_scenarios.rs`` runs this file with ``OPJOURNAL_TEST_SERVER``,
+``tests/it/client_scenarios.rs`` runs this file with ``OPJOURNAL_TEST_SERVER``,
 ``OPJOURNAL_TEST_SANDBOX_URL``, ``OPJOURNAL_TEST_CONTROL_URL`` and
 ``OPJOURNAL_SCENARIO_PREFIX`` set; every scenario runs twice, under the prefixes
 ``{prefix}-sync`` (``JournalClient.execute``) and ``{prefix}-async``

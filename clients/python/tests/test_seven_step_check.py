@@ -1,6 +1,6 @@
 """The source article's reproducible check, through ``execute`` and ``JournalClient``: the
 provider's answer is lost after it stored the payment, and the journal still ends with
-exactly one effect. ``tests/python_client.rs`` then checks the rows and counts from Rust."""
+exactly one effect. ``tests/it/python_client.rs`` then checks the rows and counts from Rust."""
 
 from __future__ import annotations
 

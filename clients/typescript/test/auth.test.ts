@@ -1,6 +1,6 @@
 /**
  * Bearer tokens and namespaces through the TypeScript client, against a server that
- * requires tokens (`tests/typescript_client.rs` starts it knowing only
+ * requires tokens (`tests/it/typescript_client.rs` starts it knowing only
  * `OPJOURNAL_TEST_TOKEN`, a `client` of the namespace `tenant-a`).
  */
 

@@ -1,11 +1,11 @@
 /**
  * Helpers for the tests that run against a real opjournal server and sandbox provider.
  *
- * The Rust integration tests `tests/typescript_client.rs` start both on port 0 over a fresh
+ * The Rust integration tests `tests/it/typescript_client.rs` start both on port 0 over a fresh
  * Postgres database and run these files with `node --test`, passing their addresses in
  * `OPJOURNAL_TEST_SERVER` (`host:port`) and `OPJOURNAL_TEST_SANDBOX_URL`; afterwards they
  * check the journal rows and the provider's effect counts themselves. The server's test
- * policy (`tests/common/mod.rs`) defines the action types used here.
+ * policy (`tests/it/common/mod.rs`) defines the action types used here.
  */
 
 import { JournalClient } from "../src/index.js";

@@ -2,7 +2,7 @@
  * `idempotent()` against the real server and sandbox: a wrapped function runs once per
  * key, its errors are classified, the other outcomes are typed errors (or outcome objects),
  * the waits end with another holder's or the reconciler's result, and a lease that ends
- * reaches the function as an aborted signal. `tests/typescript_client.rs` checks the rows and the
+ * reaches the function as an aborted signal. `tests/it/typescript_client.rs` checks the rows and the
  * provider's counts afterwards.
  */
 

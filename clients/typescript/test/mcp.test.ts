@@ -5,7 +5,7 @@
  * MCP host starts it) against the journal under test; its provider is the sandbox, reached
  * through a small HTTP relay in this process that can hold an answer back (a slow provider)
  * or add a sandbox fault header for one idempotency key. No language model: the client's
- * calls are the ones a model's host would send. `tests/typescript_client.rs` then checks
+ * calls are the ones a model's host would send. `tests/it/typescript_client.rs` then checks
  * the journal rows and the sandbox's counts.
  *
  * The texts the model reads are checked word for word against the table of

@@ -3,7 +3,7 @@
  * must show; read its header) through this client's {@link execute}, and checks each
  * step's `expect` and the scenario's `final` rows and provider counts.
  *
- * Environment (set by `tests/client_scenarios.rs`): `OPJOURNAL_TEST_SERVER` (host:port),
+ * Environment (set by `tests/it/client_scenarios.rs`): `OPJOURNAL_TEST_SERVER` (host:port),
  * `OPJOURNAL_TEST_SANDBOX_URL`, `OPJOURNAL_TEST_CONTROL_URL`, `OPJOURNAL_SCENARIO_PREFIX`;
  * `OPJOURNAL_SCENARIOS_FILE` names another scenario file.
  */
@@ -77,7 +77,7 @@ interface ScenarioFile {
 function env(name: string): string {
   const value = process.env[name];
   if (!value) {
-    throw new Error(`${name} is not set: run the scenarios through tests/client_scenarios.rs`);
+    throw new Error(`${name} is not set: run the scenarios through tests/it/client_scenarios.rs`);
   }
   return value;
 }

@@ -1,7 +1,7 @@
 /**
  * The source article's reproducible check through `execute` and `JournalClient`: the
  * provider's answer is lost after it stored the payment, and the journal still ends with
- * exactly one effect. `tests/typescript_client.rs` then checks the rows and counts from Rust.
+ * exactly one effect. `tests/it/typescript_client.rs` then checks the rows and counts from Rust.
  */
 
 import assert from "node:assert/strict";

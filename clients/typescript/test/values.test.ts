@@ -2,7 +2,7 @@
  * What the wrappers send to the journal: what a function wrapped by `idempotent` (or a
  * journaled MCP tool) returns is a value — a string is stored as a JSON string, never read as
  * JSON text — and a replay gives back an equal value. Every function here pays at the
- * sandbox first, so that `tests/typescript_client.rs` can check afterwards that each row
+ * sandbox first, so that `tests/it/typescript_client.rs` can check afterwards that each row
  * holds exactly one effect.
  */
 
@@ -132,7 +132,7 @@ test("an MCP tool that returns a string answers that string, fresh and replayed"
 });
 
 /**
- * The action of `tests/typescript_client.rs`'s policy for these tests whose stored result
+ * The action of `tests/it/typescript_client.rs`'s policy for these tests whose stored result
  * may be at most 256 bytes (`result.max_bytes`).
  */
 const SMALL_RESULT = "create_payment_small_result";

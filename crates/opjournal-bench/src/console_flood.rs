@@ -11,6 +11,8 @@
 //! does not hide the console-wide cap. `--server-env KEY=VALUE` sets the server's settings.
 //! See docs/review-console.md, "Limits and timeouts".
 
+mod server_process;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +27,8 @@ use opjournal::proto::operation_journal_client::OperationJournalClient;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
 use tonic::Code;
+
+use server_process::{free_port, parse_env, rss_mib};
 
 /// Floods the console with unfinished sign-ins and measures the server meanwhile.
 #[derive(Debug, Parser)]
@@ -54,33 +58,6 @@ struct Args {
     /// A server setting as an environment variable, `KEY=VALUE` (repeatable).
     #[arg(long = "server-env", value_parser = parse_env)]
     server_env: Vec<(String, String)>,
-}
-
-fn parse_env(value: &str) -> Result<(String, String), String> {
-    value
-        .split_once('=')
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .ok_or_else(|| "expected KEY=VALUE".to_owned())
-}
-
-fn rss_mib(pid: u32) -> anyhow::Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .context("no VmRSS")?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()?;
-    Ok(kib / 1024.0)
-}
-
-/// A free loopback port (bound, then let go).
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// A connection to `console` from the loopback address `127.0.1.{peer}` (1-based).

@@ -22,24 +22,26 @@
 //! to this binary, on a new embedded journal file, on a free loopback port. `--server-env
 //! KEY=VALUE` sets its settings. See docs/performance.md, "Held streams".
 
+mod server_process;
+
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
-use futures::task::AtomicWaker;
 use hdrhistogram::Histogram;
 use opjournal::children::Process;
 use opjournal::proto::BeginOperationRequest;
 use opjournal::proto::operation_journal_client::OperationJournalClient;
+use opjournal_gated_io::{GatedIo, connect_from};
 use sha2::Digest as _;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tonic::transport::{Channel, ClientTlsConfig};
+
+use server_process::{free_port, parse_env, rss_mib};
 
 /// Which attack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -108,91 +110,12 @@ struct Args {
     server_env: Vec<(String, String)>,
 }
 
-fn parse_env(value: &str) -> Result<(String, String), String> {
-    value
-        .split_once('=')
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .ok_or_else(|| "expected KEY=VALUE".to_owned())
-}
-
-/// Resident memory of process `pid`, in MiB.
-fn rss_mib(pid: u32) -> anyhow::Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .context("no VmRSS")?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()?;
-    Ok(kib / 1024.0)
-}
-
 /// Open file descriptors of process `pid`.
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
 }
 
 /// A TCP connection to `addr` from attacker address number `peer` (127.0.0.2 and up).
-async fn connect_from(peer: u8, addr: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
-    let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::from(([127, 0, 0, 2 + peer], 0)))?;
-    socket.connect(addr).await
-}
-
-/// A connection whose reads wait until `open`: its HTTP/2 client sends what it queued before
-/// it can read the server's SETTINGS.
-struct GatedIo {
-    tcp: tokio::net::TcpStream,
-    gate: Arc<Gate>,
-}
-
-#[derive(Default)]
-struct Gate {
-    open: AtomicBool,
-    waker: AtomicWaker,
-}
-
-impl Gate {
-    fn open(&self) {
-        self.open.store(true, Ordering::SeqCst);
-        self.waker.wake();
-    }
-}
-
-impl AsyncRead for GatedIo {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        self.gate.waker.register(cx.waker());
-        if !self.gate.open.load(Ordering::SeqCst) {
-            return Poll::Pending;
-        }
-        Pin::new(&mut self.tcp).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for GatedIo {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
-    }
-}
-
 /// A `HealthCheckRequest` of service `""` as one gRPC message frame: uncompressed, length
 /// 0 (every field at its default).
 const EMPTY_MESSAGE_FRAME: [u8; 5] = [0, 0, 0, 0, 0];
@@ -247,14 +170,10 @@ async fn hold_streams(
     hold: Duration,
     ignore_limit: bool,
 ) -> anyhow::Result<Outcomes> {
-    let gate = Arc::new(Gate::default());
+    let (io, gate) = GatedIo::new(connect_from(0, addr).await?);
     if !ignore_limit {
         gate.open();
     }
-    let io = GatedIo {
-        tcp: connect_from(0, addr).await?,
-        gate: gate.clone(),
-    };
     let mut builder = h2::client::Builder::new();
     if ignore_limit {
         builder.initial_max_send_streams(count);
@@ -662,13 +581,6 @@ fn token_entry(name: &str, token: &str, namespace: &str) -> String {
     )
 }
 
-/// A free port on 127.0.0.1 (for the health-only listener, announced after the journal's).
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -679,14 +591,14 @@ async fn main() -> anyhow::Result<()> {
     let mut health_addr = None;
     if args.attack == Attack::HealthWatch && args.port == Port::Health {
         let address = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        env.push(("OPJOURNAL_HEALTH_LISTEN".into(), address.to_string()));
+        env.push(("OPJOURNAL_SERVER__HEALTH_LISTEN".into(), address.to_string()));
         health_addr = Some(address);
     }
     let tls = if args.tls {
         let (client, connector) = make_tls(dir.path())?;
         for (key, file) in [
-            ("OPJOURNAL_TLS_CERT_FILE", "server.pem"),
-            ("OPJOURNAL_TLS_KEY_FILE", "server-key.pem"),
+            ("OPJOURNAL_TLS__CERT_FILE", "server.pem"),
+            ("OPJOURNAL_TLS__KEY_FILE", "server-key.pem"),
         ] {
             env.push((key.into(), dir.path().join(file).display().to_string()));
         }
@@ -696,7 +608,7 @@ async fn main() -> anyhow::Result<()> {
     };
     if args.attack == Attack::Tenant {
         env.push((
-            "OPJOURNAL_TOKENS".into(),
+            "OPJOURNAL_AUTH__TOKENS".into(),
             format!(
                 "[{}, {}]",
                 token_entry("tenant-a-agent", TOKEN_ATTACKER, "tenant-a"),

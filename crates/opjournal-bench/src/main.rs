@@ -114,7 +114,7 @@ const ARTICLE: &str = "seed-lifecycle.sql";
 /// Connections to Postgres a run needs besides its server's pool and pgbench's clients:
 /// the benchmark's own pool on the journal (2), an administration connection (1), the
 /// reference table's connection while pgbench runs (1), and the reconcile worker's pool
-/// (`OPJOURNAL_MAX_CONNECTIONS`' default, 10) during the backlog.
+/// (`OPJOURNAL_DATABASE__MAX_CONNECTIONS`' default, 10) during the backlog.
 const OTHER_CONNECTIONS: u32 = 2 + 1 + 1 + 10;
 
 #[tokio::main]
@@ -552,7 +552,7 @@ impl Bench {
             ],
             &[
                 ("RUST_LOG", "warn"),
-                ("OPJOURNAL_MAX_CONNECTIONS", &max_connections),
+                ("OPJOURNAL_DATABASE__MAX_CONNECTIONS", &max_connections),
             ],
             "listening on ",
             &dir,
@@ -876,9 +876,9 @@ impl Bench {
             ],
             &[
                 ("RUST_LOG", "warn"),
-                ("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.1"),
+                ("OPJOURNAL_RECONCILE__POLL_INTERVAL", "0.1"),
                 // The preloaded journal's purge is timed separately.
-                ("OPJOURNAL_PURGE_INTERVAL_SECONDS", "86400"),
+                ("OPJOURNAL_RECONCILE__PURGE_INTERVAL", "86400"),
             ],
             "health on ",
             &dir,

@@ -138,7 +138,7 @@ impl Stand {
                     "--policy",
                     &policy,
                 ]),
-                &[("OPJOURNAL_MAX_CONNECTIONS", "16")],
+                &[("OPJOURNAL_DATABASE__MAX_CONNECTIONS", "16")],
                 "listening on ",
                 &self.dir,
             )?;
@@ -174,10 +174,10 @@ impl Stand {
                     &policy,
                 ]),
                 &[
-                    ("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.3"),
-                    ("OPJOURNAL_RECONCILE_CLAIM_HOLD_SECONDS", "5"),
-                    ("OPJOURNAL_RECONCILE_BATCH_SIZE", "100"),
-                    ("OPJOURNAL_RECONCILE_CONCURRENCY", "16"),
+                    ("OPJOURNAL_RECONCILE__POLL_INTERVAL", "0.3"),
+                    ("OPJOURNAL_RECONCILE__CLAIM_HOLD", "5"),
+                    ("OPJOURNAL_RECONCILE__BATCH_SIZE", "100"),
+                    ("OPJOURNAL_RECONCILE__CONCURRENCY", "16"),
                 ],
                 "health on ",
                 &self.dir,

@@ -18,8 +18,10 @@
 //! | a renewal only extends its holder's live lease | `src/store/sql/fence_renew.sql` |
 //!
 //! The use cases read the row again only to say why a write was refused (`LEASE_LOST`,
-//! `OUTCOME_ALREADY_RECORDED`, `OPERATION_CHANGED`, ...), never to decide whether it applies;
-//! `tests/store_conformance.rs` holds each fence to its rule on every database.
+//! `OUTCOME_ALREADY_RECORDED`, `OPERATION_CHANGED`, ...), never to decide whether it applies.
+//! The store conformance suite runs each fence on every database: late and concurrent reports,
+//! a holder after the sweep, resolutions of a read attempt, claims, and the report table
+//! (every status and lease state against every report kind).
 
 use std::time::Duration;
 

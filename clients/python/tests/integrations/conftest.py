@@ -1,6 +1,6 @@
 """Fixtures for the agent-integration tests: a real opjournal server and sandbox provider.
 
-``tests/python_agents.rs`` starts both over a fresh database and runs this folder with
+``tests/it/python_agents.rs`` starts both over a fresh database and runs this folder with
 their addresses in ``OPJOURNAL_TEST_SERVER`` and ``OPJOURNAL_TEST_SANDBOX_URL``, then
 checks the journal rows and the provider's counts itself. The frameworks come from
 ``requirements-agents.txt`` (``scripts/client-envs python-agents``). No language model is

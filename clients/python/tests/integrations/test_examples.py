@@ -1,6 +1,6 @@
 """The OpenAI Agents SDK and LangChain examples of examples/agents/python, run as a reader
 runs them (``python openai_agents_tool.py INTENT``), against the real server and sandbox.
-The MCP example is driven over stdio by ``test_mcp_stdio.py``. ``tests/python_agents.rs``
+The MCP example is driven over stdio by ``test_mcp_stdio.py``. ``tests/it/python_agents.rs``
 checks the rows of ``payment:intent-example-*`` afterwards."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Journaled LangChain tools through ``tool.invoke`` with a tool call, and through a LangGraph
 agent loop whose ``ToolNode`` is fed ``AIMessage`` tool calls by a scripted agent node
-instead of a model. ``tests/python_agents.rs`` checks the rows of the ``lc:*`` keys
+instead of a model. ``tests/it/python_agents.rs`` checks the rows of the ``lc:*`` keys
 afterwards.
 """
 

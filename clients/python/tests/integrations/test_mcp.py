@@ -2,7 +2,7 @@
 
 The server is an ``MCPServer`` connected to a ``mcp.Client`` in memory (JSON-RPC messages
 over memory streams, the SDK's own dispatcher on both sides, read timeouts and
-``notifications/cancelled`` included). ``tests/python_agents.rs`` checks the rows of the
+``notifications/cancelled`` included). ``tests/it/python_agents.rs`` checks the rows of the
 ``mcp:*`` and ``mcp-derived:*`` keys afterwards.
 """
 

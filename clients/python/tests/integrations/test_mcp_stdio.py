@@ -4,7 +4,7 @@ it: a child process on stdio, called through the SDK's client with JSON-RPC over
 A relay in front of the sandbox holds the provider's answer back, so the client's request
 times out after the payment was made: the answer is really lost, the client sends
 ``notifications/cancelled``, and the retry with the same ``idempotencyKey`` must get that
-payment. ``tests/python_agents.rs`` checks the row of ``mcp:create_payment:order-830``.
+payment. ``tests/it/python_agents.rs`` checks the row of ``mcp:create_payment:order-830``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A scripted ``Model`` stands in for the language model: each turn returns the too
 final message) the test wrote, and records the input the runner sent, so the tests read
 exactly what a model would have read back from the tool. Everything between -- the
 ``Runner`` loop, argument parsing and validation, the run context, the function tool, its
-error handling -- is the SDK's own code. ``tests/python_agents.rs`` checks the rows of
+error handling -- is the SDK's own code. ``tests/it/python_agents.rs`` checks the rows of
 the ``oa:*`` keys afterwards.
 """
 
