@@ -2811,8 +2811,8 @@ impl Fixture {
         (first, second)
     }
 
-    /// `key` in state `start` at attempt 2; answers the first attempt's token and the row.
-    async fn start_in(&self, key: &str, start: Start) -> (LeaseToken, OperationRecord) {
+    /// `key` in state `start` at attempt 2; answers the first attempt's row and the row now.
+    async fn start_in(&self, key: &str, start: Start) -> (OperationRecord, OperationRecord) {
         let lease = match start {
             Start::PendingReleased | Start::InProgressEnded | Start::UnknownSwept => ENDING,
             _ => LEASE,
@@ -2845,7 +2845,7 @@ impl Fixture {
             );
             released.await.unwrap().unwrap();
         }
-        (token(&first), self.get(key).await)
+        (first, self.get(key).await)
     }
 }
 
@@ -2863,7 +2863,7 @@ async fn report_cell(
     let own = token(&before);
     let token = match holder {
         Holder::Own => own,
-        Holder::OlderAttempt => older,
+        Holder::OlderAttempt => token(&older),
         Holder::Other => LeaseToken {
             lease_id: Uuid::new_v4(),
             ..own
@@ -2927,6 +2927,98 @@ async fn the_report_table(fx: &Fixture) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The resolution table: the fence of `fence_read.sql`, the status and attempt read, never a
+// live lease
+
+/// Which read a resolution is made from.
+#[derive(Debug, Clone, Copy)]
+enum Read {
+    /// The row as it is.
+    Current,
+    /// The first attempt's row, read before the takeover.
+    OlderAttempt,
+}
+
+/// A resolution; the columns of the table, in this order.
+const RESOLUTIONS: [&str; 3] = ["succeeded", "release_for_retry", "keep_unknown"];
+
+fn resolution(name: &str) -> Resolution {
+    match name {
+        "succeeded" => Resolution::Succeeded {
+            external_id: ExternalId::parse_optional("pay_1").unwrap(),
+            result_json: None,
+        },
+        "release_for_retry" => Resolution::ReleaseForRetry,
+        _ => Resolution::KeepUnknown {
+            next_check_after: Duration::from_secs(60),
+        },
+    }
+}
+
+const PENDING: Answer = Answer::Applies(Status::Pending);
+
+/// The documented rule: a resolution applies to the status and attempt it read, unless that
+/// is a live lease; any other read is refused.
+#[rustfmt::skip]
+const RESOLUTION_TABLE: [(Start, Read, [Answer; 3]); 10] = {
+    use Read::{Current, OlderAttempt as Older};
+    use Start::*;
+    [
+        //                           succeeded  release  keep_unknown
+        (PendingReleased, Current, [SUCCEEDED, PENDING, UNKNOWN]),
+        (PendingReleased, Older,   [NO,        NO,      NO]),
+        (InProgressLive,  Current, [NO,        NO,      NO]),
+        (InProgressLive,  Older,   [NO,        NO,      NO]),
+        (InProgressEnded, Current, [SUCCEEDED, PENDING, UNKNOWN]),
+        (InProgressEnded, Older,   [NO,        NO,      NO]),
+        (UnknownSwept,    Current, [SUCCEEDED, PENDING, UNKNOWN]),
+        (UnknownSwept,    Older,   [NO,        NO,      NO]),
+        (UnknownReported, Current, [SUCCEEDED, PENDING, UNKNOWN]),
+        (UnknownReported, Older,   [NO,        NO,      NO]),
+    ]
+};
+
+async fn the_resolution_table(fx: &Fixture) {
+    let attribution = Attribution::worker("w", "looked_up");
+    for (row, (start, read, answers)) in RESOLUTION_TABLE.into_iter().enumerate() {
+        for (column, (name, expected)) in RESOLUTIONS.into_iter().zip(answers).enumerate() {
+            let cell = format!("{start:?} × {read:?} read × {name}");
+            let key = format!("resolve-{row}-{column}");
+            let (older, before) = fx.start_in(&key, start).await;
+            let expected_row = match read {
+                Read::Current => &before,
+                Read::OlderAttempt => &older,
+            };
+            let answered = fx
+                .store
+                .resolve(expected_row, &resolution(name), &attribution, Lookup::Made)
+                .await
+                .unwrap();
+            let after = fx.get(&key).await;
+            let answer = answered
+                .as_ref()
+                .map_or(Answer::Refused, |r| Answer::Applies(r.status));
+            assert_eq!(answer, expected, "{cell}: the store's answer");
+            match expected {
+                Answer::Applies(status) => assert_eq!(
+                    (after.status, after.attempt_count),
+                    (status, 2),
+                    "{cell}: the row after"
+                ),
+                Answer::Refused => assert_eq!(
+                    OperationRecord {
+                        observed_at: before.observed_at,
+                        ..after
+                    },
+                    before,
+                    "{cell}: the row after (unchanged)"
+                ),
+            }
+        }
+    }
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod postgres {
@@ -2953,6 +3045,7 @@ macro_rules! conformance {
 
 conformance!(
     the_report_table,
+    the_resolution_table,
     a_second_insert_of_a_key_changes_nothing,
     leases_are_measured_by_the_database_clock,
     a_lease_ends_by_the_database_clock_and_fences_its_holder,
