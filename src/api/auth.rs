@@ -14,10 +14,10 @@ use tonic::metadata::MetadataMap;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
+use super::status::{access_status, journal_status};
 use crate::domain::access::{AccessError, Caller, Rpc, TokenRegistry};
 use crate::domain::error::JournalError;
 use crate::domain::model::Namespace;
-use super::status::{access_status, journal_status};
 
 const AUTHORIZATION: &str = "authorization";
 
@@ -141,7 +141,8 @@ pub fn caller<T>(request: &Request<T>, rpc: Rpc) -> Result<Caller, Status> {
         .extensions()
         .get::<Caller>()
         .cloned()
-        .ok_or_else(|| JournalError::internal("a call reached a handler without authentication")).map_err(journal_status)?;
+        .ok_or_else(|| JournalError::internal("a call reached a handler without authentication"))
+        .map_err(journal_status)?;
     caller
         .authorize(rpc)
         .map_err(|error| refused(&caller, error))?;

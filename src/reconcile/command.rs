@@ -5,9 +5,9 @@
 use crate::domain::error::{FieldViolation, JournalError};
 use std::time::Duration;
 
+use crate::domain::error::ErrorReason;
 use crate::domain::model::{ActionType, Attribution, ErrorCode, ExternalId, Namespace};
 use crate::journal::{OperationRef, Page};
-use crate::domain::error::ErrorReason;
 
 /// A reviewer's decision on an unknown operation.
 #[derive(Debug, Clone)]

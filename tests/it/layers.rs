@@ -134,7 +134,16 @@ const NOT_IN_THE_DOMAIN: &[&str] = &[
 fn dependencies_of(package: &str) -> Vec<String> {
     let output = std::process::Command::new(env!("CARGO"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["tree", "--offline", "-p", package, "-e", "normal", "--prefix", "none"])
+        .args([
+            "tree",
+            "--offline",
+            "-p",
+            package,
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
         .args(["--format", "{p}"])
         .output()
         .unwrap();
@@ -156,7 +165,10 @@ fn dependencies_of(package: &str) -> Vec<String> {
 #[test]
 fn the_domain_uses_no_transport_storage_or_client_crate() {
     let crates = dependencies_of("opjournal-domain");
-    assert!(crates.contains(&"serde".to_owned()), "no tree read: {crates:?}");
+    assert!(
+        crates.contains(&"serde".to_owned()),
+        "no tree read: {crates:?}"
+    );
     let reached: Vec<_> = crates
         .iter()
         .filter(|name| NOT_IN_THE_DOMAIN.contains(&name.as_str()))

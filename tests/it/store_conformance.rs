@@ -2687,6 +2687,336 @@ async fn purge_takes_an_operations_events_with_it(fx: &Fixture) {
     assert_eq!(fx.deliveries("waiting").await.len(), 1, "others stay");
 }
 
+// ---------------------------------------------------------------------------------------------
+// The report table: the fences of `fence_report.sql` and `fence_renew.sql`, every starting
+// state against every token and every report kind
+
+/// A row's state when a report arrives. Each is reached at attempt 2, after a first lease
+/// ended and was taken over, so that the first attempt's token is a real older one.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// Released for retry after the sweep; no report in this attempt.
+    PendingReleased,
+    InProgressLive,
+    /// The lease ended and the sweep has not run yet.
+    InProgressEnded,
+    /// Swept: the holder has not reported.
+    UnknownSwept,
+    /// The holder reported an unknown outcome.
+    UnknownReported,
+    Succeeded,
+    FailedFinal,
+}
+
+/// Whose token makes the report.
+#[derive(Debug, Clone, Copy)]
+enum Holder {
+    /// The token of the row's current lease.
+    Own,
+    /// The token of the first attempt, whose lease was taken over.
+    OlderAttempt,
+    /// The current attempt with another lease id: a holder the store never granted this lease.
+    Other,
+}
+
+/// A report kind; the columns of the table, in this order.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Complete,
+    Fail,
+    ReportUnknown,
+    Renew,
+}
+
+const KINDS: [Kind; 4] = [Kind::Complete, Kind::Fail, Kind::ReportUnknown, Kind::Renew];
+
+/// What the store answers: the report applies and leaves the row in this status (a renewal
+/// leaves it `in_progress` with a later lease end), or it is refused (`None`, the row unchanged).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answer {
+    Applies(Status),
+    Refused,
+}
+
+const SUCCEEDED: Answer = Answer::Applies(Status::Succeeded);
+const FAILED: Answer = Answer::Applies(Status::FailedFinal);
+const UNKNOWN: Answer = Answer::Applies(Status::Unknown);
+const RENEWED: Answer = Answer::Applies(Status::InProgress);
+const NO: Answer = Answer::Refused;
+
+/// The documented rule, cell by cell: a report applies only with the token of the row's
+/// lease, to an `in_progress` row (live lease or ended) or an `unknown` / `pending` one nothing
+/// was reported on in this attempt; a terminal row never. A renewal applies only to its
+/// holder's live lease. Every other token is refused everywhere.
+#[rustfmt::skip]
+const REPORT_TABLE: [(Start, Holder, [Answer; 4]); 21] = {
+    use Holder::{OlderAttempt as Older, Other, Own};
+    use Start::*;
+    [
+        //                         complete   fail    unknown  renew
+        (PendingReleased, Own,   [SUCCEEDED, FAILED, UNKNOWN, NO]),
+        (PendingReleased, Older, [NO,        NO,     NO,      NO]),
+        (PendingReleased, Other, [NO,        NO,     NO,      NO]),
+        (InProgressLive,  Own,   [SUCCEEDED, FAILED, UNKNOWN, RENEWED]),
+        (InProgressLive,  Older, [NO,        NO,     NO,      NO]),
+        (InProgressLive,  Other, [NO,        NO,     NO,      NO]),
+        (InProgressEnded, Own,   [SUCCEEDED, FAILED, UNKNOWN, NO]),
+        (InProgressEnded, Older, [NO,        NO,     NO,      NO]),
+        (InProgressEnded, Other, [NO,        NO,     NO,      NO]),
+        (UnknownSwept,    Own,   [SUCCEEDED, FAILED, UNKNOWN, NO]),
+        (UnknownSwept,    Older, [NO,        NO,     NO,      NO]),
+        (UnknownSwept,    Other, [NO,        NO,     NO,      NO]),
+        (UnknownReported, Own,   [NO,        NO,     NO,      NO]),
+        (UnknownReported, Older, [NO,        NO,     NO,      NO]),
+        (UnknownReported, Other, [NO,        NO,     NO,      NO]),
+        (Succeeded,       Own,   [NO,        NO,     NO,      NO]),
+        (Succeeded,       Older, [NO,        NO,     NO,      NO]),
+        (Succeeded,       Other, [NO,        NO,     NO,      NO]),
+        (FailedFinal,     Own,   [NO,        NO,     NO,      NO]),
+        (FailedFinal,     Older, [NO,        NO,     NO,      NO]),
+        (FailedFinal,     Other, [NO,        NO,     NO,      NO]),
+    ]
+};
+
+const ENDING: Duration = Duration::from_millis(100);
+const PAST_ENDING: Duration = Duration::from_millis(400);
+
+impl Fixture {
+    /// Takes over an ended first lease of `key` with a lease of `lease`: attempt 2. Answers
+    /// the first attempt's row and the second's.
+    async fn second_attempt(
+        &self,
+        key: &str,
+        lease: Duration,
+    ) -> (OperationRecord, OperationRecord) {
+        let first = self.register(key, ENDING).await;
+        self.clock.advance(PAST_ENDING);
+        let second = self
+            .store
+            .claim(&Claim {
+                namespace: ns(),
+                operation_key: first.operation_key.clone(),
+                expected_status: Status::InProgress,
+                expected_attempt: 1,
+                lease,
+                lease_id: Uuid::new_v4(),
+                attempt: None,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(second.attempt_count, 2, "{key}: the takeover");
+        (first, second)
+    }
+
+    /// `key` in state `start` at attempt 2; answers the first attempt's row and the row now.
+    async fn start_in(&self, key: &str, start: Start) -> (OperationRecord, OperationRecord) {
+        let lease = match start {
+            Start::PendingReleased | Start::InProgressEnded | Start::UnknownSwept => ENDING,
+            _ => LEASE,
+        };
+        let (first, second) = self.second_attempt(key, lease).await;
+        let own = token(&second);
+        let settle = |settlement: Settlement| async move {
+            self.store.settle(&own, &settlement).await.unwrap().unwrap();
+        };
+        match start {
+            Start::InProgressLive => {}
+            Start::InProgressEnded => self.clock.advance(PAST_ENDING),
+            Start::UnknownSwept | Start::PendingReleased => {
+                self.clock.advance(PAST_ENDING);
+                // Earlier cells' rows may be swept too: they are done with.
+                assert!(self.store.sweep_expired_leases(1000, "w").await.unwrap() >= 1);
+            }
+            Start::UnknownReported => settle(timed_out()).await,
+            Start::Succeeded => settle(succeeded("pay_1")).await,
+            Start::FailedFinal => settle(declined()).await,
+        }
+        if let Start::PendingReleased = start {
+            let read = self.get(key).await;
+            let attribution = Attribution::worker("w", "proven_absent");
+            let released = self.store.resolve(
+                &read,
+                &Resolution::ReleaseForRetry,
+                &attribution,
+                Lookup::Made,
+            );
+            released.await.unwrap().unwrap();
+        }
+        (first, self.get(key).await)
+    }
+}
+
+/// One cell: `kind` by `holder` on a row in `start`; asserts the store's answer and the row.
+async fn report_cell(
+    fx: &Fixture,
+    key: &str,
+    start: Start,
+    holder: Holder,
+    kind: Kind,
+    expected: Answer,
+) {
+    let cell = format!("{start:?} × {holder:?} token × {kind:?}");
+    let (older, before) = fx.start_in(key, start).await;
+    let own = token(&before);
+    let token = match holder {
+        Holder::Own => own,
+        Holder::OlderAttempt => token(&older),
+        Holder::Other => LeaseToken {
+            lease_id: Uuid::new_v4(),
+            ..own
+        },
+    };
+    let (token, cell_ref, before_ref) = (&token, &cell, &before);
+    let settle = |settlement: Settlement| async move {
+        let settled = fx.store.settle(token, &settlement).await.unwrap();
+        settled.map(|s| {
+            let (before, cell) = (before_ref, cell_ref);
+            assert_eq!(
+                s.previous, before.status,
+                "{cell}: the status reported from"
+            );
+            s.record
+        })
+    };
+    let answered = match kind {
+        Kind::Complete => settle(succeeded("pay_2")).await,
+        Kind::Fail => settle(declined()).await,
+        Kind::ReportUnknown => settle(timed_out()).await,
+        Kind::Renew => fx.store.renew(token, HOLD).await.unwrap(),
+    };
+    let after = fx.get(key).await;
+    let answer = answered
+        .as_ref()
+        .map_or(Answer::Refused, |r| Answer::Applies(r.status));
+    assert_eq!(answer, expected, "{cell}: the store's answer");
+    match expected {
+        Answer::Applies(status) => {
+            let answered = answered.unwrap();
+            assert_eq!(
+                (after.status, after.attempt_count),
+                (status, 2),
+                "{cell}: the row after"
+            );
+            assert_eq!(answered.attempt_count, 2, "{cell}: the attempt answered");
+            if let Kind::Renew = kind {
+                assert!(
+                    after.lease_until > before.lease_until,
+                    "{cell}: the lease extended"
+                );
+            }
+        }
+        Answer::Refused => {
+            let unchanged = OperationRecord {
+                observed_at: before.observed_at,
+                ..after
+            };
+            assert_eq!(unchanged, before, "{cell}: the row after (unchanged)");
+        }
+    }
+}
+
+async fn the_report_table(fx: &Fixture) {
+    for (row, (start, holder, answers)) in REPORT_TABLE.into_iter().enumerate() {
+        for (column, (kind, expected)) in KINDS.into_iter().zip(answers).enumerate() {
+            let key = format!("report-{row}-{column}");
+            report_cell(fx, &key, start, holder, kind, expected).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The resolution table: the fence of `fence_read.sql`, the status and attempt read, never a
+// live lease
+
+/// Which read a resolution is made from.
+#[derive(Debug, Clone, Copy)]
+enum Read {
+    /// The row as it is.
+    Current,
+    /// The first attempt's row, read before the takeover.
+    OlderAttempt,
+}
+
+/// A resolution; the columns of the table, in this order.
+const RESOLUTIONS: [&str; 3] = ["succeeded", "release_for_retry", "keep_unknown"];
+
+fn resolution(name: &str) -> Resolution {
+    match name {
+        "succeeded" => Resolution::Succeeded {
+            external_id: ExternalId::parse_optional("pay_1").unwrap(),
+            result_json: None,
+        },
+        "release_for_retry" => Resolution::ReleaseForRetry,
+        _ => Resolution::KeepUnknown {
+            next_check_after: Duration::from_secs(60),
+        },
+    }
+}
+
+const PENDING: Answer = Answer::Applies(Status::Pending);
+
+/// The documented rule: a resolution applies to the status and attempt it read, unless that
+/// is a live lease; any other read is refused.
+#[rustfmt::skip]
+const RESOLUTION_TABLE: [(Start, Read, [Answer; 3]); 10] = {
+    use Read::{Current, OlderAttempt as Older};
+    use Start::*;
+    [
+        //                           succeeded  release  keep_unknown
+        (PendingReleased, Current, [SUCCEEDED, PENDING, UNKNOWN]),
+        (PendingReleased, Older,   [NO,        NO,      NO]),
+        (InProgressLive,  Current, [NO,        NO,      NO]),
+        (InProgressLive,  Older,   [NO,        NO,      NO]),
+        (InProgressEnded, Current, [SUCCEEDED, PENDING, UNKNOWN]),
+        (InProgressEnded, Older,   [NO,        NO,      NO]),
+        (UnknownSwept,    Current, [SUCCEEDED, PENDING, UNKNOWN]),
+        (UnknownSwept,    Older,   [NO,        NO,      NO]),
+        (UnknownReported, Current, [SUCCEEDED, PENDING, UNKNOWN]),
+        (UnknownReported, Older,   [NO,        NO,      NO]),
+    ]
+};
+
+async fn the_resolution_table(fx: &Fixture) {
+    let attribution = Attribution::worker("w", "looked_up");
+    for (row, (start, read, answers)) in RESOLUTION_TABLE.into_iter().enumerate() {
+        for (column, (name, expected)) in RESOLUTIONS.into_iter().zip(answers).enumerate() {
+            let cell = format!("{start:?} × {read:?} read × {name}");
+            let key = format!("resolve-{row}-{column}");
+            let (older, before) = fx.start_in(&key, start).await;
+            let expected_row = match read {
+                Read::Current => &before,
+                Read::OlderAttempt => &older,
+            };
+            let answered = fx
+                .store
+                .resolve(expected_row, &resolution(name), &attribution, Lookup::Made)
+                .await
+                .unwrap();
+            let after = fx.get(&key).await;
+            let answer = answered
+                .as_ref()
+                .map_or(Answer::Refused, |r| Answer::Applies(r.status));
+            assert_eq!(answer, expected, "{cell}: the store's answer");
+            match expected {
+                Answer::Applies(status) => assert_eq!(
+                    (after.status, after.attempt_count),
+                    (status, 2),
+                    "{cell}: the row after"
+                ),
+                Answer::Refused => assert_eq!(
+                    OperationRecord {
+                        observed_at: before.observed_at,
+                        ..after
+                    },
+                    before,
+                    "{cell}: the row after (unchanged)"
+                ),
+            }
+        }
+    }
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod postgres {
@@ -2712,6 +3042,8 @@ macro_rules! conformance {
 }
 
 conformance!(
+    the_report_table,
+    the_resolution_table,
     a_second_insert_of_a_key_changes_nothing,
     leases_are_measured_by_the_database_clock,
     a_lease_ends_by_the_database_clock_and_fences_its_holder,
