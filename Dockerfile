@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
 # The opjournal image: opjournal (server and operator commands), opjournal-reconciler (the
-# reconcile worker) and opjournal-sandbox (the fake provider), in a distroless image without a
-# shell, running as the non-root user 65532. The Kubernetes manifests are in deploy/.
+# reconcile worker) and opjournal-sandbox (the fake provider, a binary of its own), in a
+# distroless image without a shell, running as the non-root user 65532. The Kubernetes
+# manifests are in deploy/. The server is built without the `dev` feature: no `opjournal dev`
+# or `opjournal demo` (local stands), and no sandbox provider linked into the server.
 #
 #   docker build -t opjournal:dev .
 #   docker run --rm opjournal:dev --help
@@ -39,7 +41,7 @@ COPY crates ./crates
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --locked --workspace --bins \
+    cargo build --release --locked -p opjournal -p opjournal-sandbox --no-default-features --bins \
     && mkdir -p /out \
     && cp target/release/opjournal target/release/opjournal-reconciler \
           target/release/opjournal-sandbox /out/

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::migrate::MigrateDatabase as _;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions as _, Connection as _};
@@ -74,7 +75,7 @@ impl Database {
 
     /// Applies pending migrations of this backend; on SQLite, first creates the file and
     /// its directory if missing. (Creating a missing Postgres database needs its URL: see
-    /// `app::prepare_database`.)
+    /// [`prepare`](Self::prepare).)
     ///
     /// Errors: the database cannot be reached (`Unavailable`) or a migration fails.
     pub async fn migrate(&self) -> Result<(), StoreError> {
@@ -114,6 +115,47 @@ impl Database {
         match self {
             Self::Postgres(store) => store.clock(),
             Self::Sqlite(store) => store.clock(),
+        }
+    }
+
+    /// Creates the database named in `url` (this database's URL) if it does not exist, then
+    /// applies migrations. On Postgres the database is created through the `postgres`
+    /// maintenance database; on SQLite the file and its directory are created, and several
+    /// processes may prepare one file at once.
+    ///
+    /// Errors: the database cannot be reached or created, or a migration fails.
+    pub async fn prepare(&self, url: &str) -> Result<(), StoreError> {
+        match self {
+            Self::Postgres(_) => {
+                let exists = sqlx::Postgres::database_exists(url)
+                    .await
+                    .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+                if !exists {
+                    sqlx::Postgres::create_database(url)
+                        .await
+                        .map_err(|e| StoreError::Other(Box::new(e)))?;
+                    tracing::info!("created the journal database");
+                }
+            }
+            Self::Sqlite(store) => {
+                if !store.file().exists() {
+                    tracing::info!(file = %store.file().display(), "creating the journal file");
+                }
+            }
+        }
+        self.migrate().await
+    }
+
+    /// Logs which backend holds the journal; for the embedded file, where it is and what it
+    /// is for.
+    pub fn log_backend(&self) {
+        match self {
+            Self::Postgres(_) => tracing::info!(backend = "postgres", "journal on Postgres"),
+            Self::Sqlite(store) => tracing::info!(
+                backend = "sqlite",
+                file = %store.file().display(),
+                "journal in an embedded SQLite file: for one node only (see docs/storage.md)"
+            ),
         }
     }
 

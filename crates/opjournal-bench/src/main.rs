@@ -150,7 +150,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     // databases are dropped below as after any run.
     let result = tokio::select! {
         result = bench.run() => result,
-        signal = interrupted() => {
+        signal = opjournal_signal::stop_signal() => {
             eprintln!("[bench] {signal}: stopping and cleaning up");
             Ok(std::process::ExitCode::from(130))
         }
@@ -160,21 +160,6 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         eprintln!("[bench] logs kept in {}", workdir.keep().display());
     }
     result
-}
-
-/// Resolves on SIGINT or SIGTERM, naming it.
-async fn interrupted() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = interrupt.recv() => "SIGINT",
-        _ = terminate.recv() => "SIGTERM",
-    }
 }
 
 /// The state of one benchmark run.

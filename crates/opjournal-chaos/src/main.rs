@@ -105,7 +105,7 @@ async fn main_with(args: Args) -> anyhow::Result<ExitCode> {
     let mut stand = Stand::new(work.path());
     let outcome = tokio::select! {
         outcome = run(&config, &mut stand) => outcome,
-        () = interrupted() => Err(anyhow::anyhow!("interrupted")),
+        _ = opjournal_signal::stop_signal() => Err(anyhow::anyhow!("interrupted")),
     };
     stand.tear_down().await;
     let report = match outcome {
@@ -158,21 +158,5 @@ impl Work {
     /// Removes a temporary directory; a given one is its owner's to remove.
     fn remove(self) {
         drop(self);
-    }
-}
-
-/// Ctrl-C or SIGTERM.
-async fn interrupted() {
-    let mut terminate =
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
     }
 }

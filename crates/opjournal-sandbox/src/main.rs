@@ -74,32 +74,10 @@ fn seconds(name: &str, value: f64) -> anyhow::Result<Duration> {
         .with_context(|| format!("{name} must be a finite, non-negative number of seconds"))
 }
 
+/// Resolves on SIGTERM or SIGINT, logging it.
 async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %err, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(err) => {
-                tracing::error!(error = %err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
-    tracing::info!("shutting down");
+    let signal = opjournal_signal::stop_signal().await;
+    tracing::info!(signal, "shutting down");
 }
 
 #[tokio::main]

@@ -96,6 +96,58 @@ struct Demo {
     step: u8,
 }
 
+/// Starts the server and the reconcile worker on `database_url` with the policy file
+/// `policy`, on free local ports, into `processes`; returns the server's gRPC address and the
+/// worker's health address.
+async fn start_journal(
+    processes: &mut Vec<Process>,
+    dir: &Path,
+    database_url: &str,
+    policy: &str,
+) -> anyhow::Result<(String, String)> {
+    let (server, server_addr) = Process::start(
+        "opjournal",
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--database-url",
+            database_url,
+            "--policy",
+            policy,
+            "--migrate",
+        ],
+        &[],
+        "listening on ",
+        dir,
+    )
+    .await?;
+    processes.push(server);
+
+    let (reconciler, health_addr) = Process::start(
+        "opjournal-reconciler",
+        &[
+            "--health-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--database-url",
+            database_url,
+            "--policy",
+            policy,
+        ],
+        &[("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.5")],
+        "health on ",
+        dir,
+    )
+    .await?;
+    processes.push(reconciler);
+
+    Ok((server_addr, health_addr))
+}
+
 /// A namespace of the demo's own, so that its key is new in a journal that outlives it.
 fn own_namespace() -> String {
     format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
@@ -150,45 +202,8 @@ impl Demo {
         .context("cannot write the policy")?;
         let policy = policy.display().to_string();
 
-        let (server, server_addr) = Process::start(
-            "opjournal",
-            &[
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--database-url",
-                &database_url,
-                "--policy",
-                &policy,
-                "--migrate",
-            ],
-            &[],
-            "listening on ",
-            dir,
-        )
-        .await?;
-        processes.push(server);
-
-        let (reconciler, health_addr) = Process::start(
-            "opjournal-reconciler",
-            &[
-                "--health-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--database-url",
-                &database_url,
-                "--policy",
-                &policy,
-            ],
-            &[("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.5")],
-            "health on ",
-            dir,
-        )
-        .await?;
-        processes.push(reconciler);
+        let (server_addr, health_addr) =
+            start_journal(&mut processes, dir, &database_url, &policy).await?;
 
         println!("  server      {server_addr}  (journal: {journal})");
         println!("  provider    {sandbox_url}  (sandbox: stores payments, can lose answers)");
@@ -306,7 +321,12 @@ impl Demo {
             );
         }
         holds("DECISION_VERIFICATION_REQUIRED: not sent again (provider requests: 1)");
+        self.steps_five_to_seven(&lease.provider_key).await
+    }
 
+    /// Steps 5 to 7, after the repeat was held back: the worker settles the operation, the
+    /// provider counts one effect, and a conflicting repeat is refused.
+    async fn steps_five_to_seven(&mut self, provider_key: &str) -> anyhow::Result<()> {
         self.step("Let the reconcile worker ask the provider; the record becomes succeeded.");
         let started = Instant::now();
         let settled = loop {
@@ -335,7 +355,7 @@ impl Demo {
         self.show_journal().await?;
 
         self.step("Count the effects at the provider.");
-        let counts = self.effects(&lease.provider_key).await?;
+        let counts = self.effects(provider_key).await?;
         if counts.effects != 1 {
             bail!(
                 "step 6: {} effects at the provider, expected 1",
@@ -357,7 +377,7 @@ impl Demo {
             }
             other => bail!("step 7: expected ALREADY_EXISTS IDEMPOTENCY_KEY_REUSED, got {other:?}"),
         }
-        let after = self.effects(&lease.provider_key).await?;
+        let after = self.effects(provider_key).await?;
         if after.requests != counts.requests || after.effects != 1 {
             bail!("step 7: the conflict reached the provider");
         }

@@ -13,14 +13,16 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use opjournal::api::Authenticator;
-use opjournal::api::console::{ConsoleAccess, ConsoleOptions};
-use opjournal::app;
+use opjournal::api::console::ConsoleAccess;
+use opjournal::app::{self, Components};
 use opjournal::config::{Config, LogFormat};
 use opjournal::domain::access::{NamespaceScope, Principal, Role, TokenDigest, TokenRegistry};
 use opjournal::telemetry::{LogOptions, Metrics, Telemetry};
 use opjournal_sandbox::{Sandbox, SandboxConfig};
 use serde::Serialize;
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// How often the worker polls in dev mode, in seconds: an unknown outcome settles within
 /// about a second.
@@ -133,22 +135,9 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
     loopback("--listen", flags.listen)?;
     loopback("--sandbox-listen", flags.sandbox_listen)?;
     loopback("--console-listen", flags.console_listen)?;
-    let filter = std::env::var("RUST_LOG")
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .unwrap_or_else(|| "warn".to_owned());
-    let _ = Telemetry::disabled().install(LogOptions {
-        filter,
-        ..LogOptions::from_env(flags.log_format)
-    });
+    install_logging(flags.log_format);
     app::install_crypto_provider();
-
-    std::fs::create_dir_all(&flags.data_dir)
-        .with_context(|| format!("cannot create {}", flags.data_dir.display()))?;
-    let journal_file = flags.data_dir.join("journal.db");
-    if flags.fresh {
-        delete_journal(&journal_file)?;
-    }
+    let journal_file = prepare_data_dir(&flags)?;
 
     // The gRPC and sandbox addresses are bound before anything starts and the console's as
     // the first part starts, so a busy port stops nothing half-way.
@@ -156,24 +145,7 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
     let (sandbox_listener, sandbox_address) =
         bind("--sandbox-listen", flags.sandbox_listen).await?;
     let sandbox_url = format!("http://{sandbox_address}");
-
-    let policy_file = match &flags.policy_file {
-        Some(file) => file.clone(),
-        None => {
-            let file = flags.data_dir.join("policy.yaml");
-            let yaml = format!(
-                "{}# Every other action type, with the defaults (no lookup: an unknown outcome \
-                 goes to review).\ndefault_action: {{}}\n",
-                opjournal::children::payments_policy_yaml(
-                    &sandbox_url,
-                    "`opjournal dev` at each start; edits are lost, use `--policy FILE`"
-                )
-            );
-            std::fs::write(&file, yaml)
-                .with_context(|| format!("cannot write {}", file.display()))?;
-            file
-        }
-    };
+    let policy_file = policy_file(&flags, &sandbox_url)?;
     let config = Config::load(
         None,
         DevSettings {
@@ -184,82 +156,165 @@ pub async fn run(flags: DevFlags) -> anyhow::Result<()> {
         },
     )?;
     config.warn_deprecations();
-    let parts = app::build(&config, &Metrics::disabled())?;
-    app::prepare_database(config.database.url.expose(), &parts.database)
+    let parts = Components::build(&config, &Metrics::disabled())?;
+    parts
+        .database
+        .prepare(config.database.url.expose())
         .await
         .context("prepare the journal file")?;
-    let worker = app::worker(&config, parts.reconciler.clone());
-    worker
-        .check_claim_hold(&app::load_policy(&config)?)
-        .map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
-    let mut options = app::serve_options(&config, &Metrics::disabled())?;
-    // Loopback only: the API needs no token and speaks plaintext, whatever OPJOURNAL_*
-    // variables say about tokens and TLS.
-    options.auth = Authenticator::disabled();
-    options.tls = None;
-
-    let shutdown = app::shutdown_on_signals();
     let token = ConsoleToken::generate();
-    let mut console_options = ConsoleOptions::new(
-        ConsoleAccess::from_registry(token.registry()?),
-        None,
-        config.limits.max_result_bytes,
-    );
-    console_options.limits = config.console_limits();
-    let (console_url, console) = app::serve_console(
+    let running = Running::start(
+        &config,
         &parts,
         flags.console_listen,
-        console_options,
-        shutdown.clone(),
-    )
-    .with_context(|| {
-        format!(
-            "--console-listen {}: cannot listen (another process on it?)",
-            flags.console_listen
-        )
-    })?;
-    let sandbox = tokio::spawn(
-        Sandbox::new(SandboxConfig {
-            lookup_lag: Duration::ZERO,
-            hang: SANDBOX_HANG,
-            ..SandboxConfig::default()
-        })
-        .serve(sandbox_listener, shutdown.clone().cancelled_owned()),
-    );
-    let reconcile = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { worker.run(shutdown).await }
-    });
-    let server = tokio::spawn(opjournal::api::serve_with_health(
-        parts.journal.clone(),
-        parts.reconciler.clone(),
+        &token,
         grpc_listener,
-        None,
-        options,
-        shutdown.clone(),
-    ));
-
+        sandbox_listener,
+    )?;
     announce_stand(&Stand {
         fresh: flags.fresh,
         grpc_address,
         sandbox_url: &sandbox_url,
-        console_url: &console_url,
+        console_url: &running.console_url,
         token: &token,
         journal_file: &journal_file,
         policy_file: &policy_file,
     });
-
-    let served = server.await.context("the gRPC server panicked")?;
-    // A server that stopped on an error takes the other parts down with it.
-    shutdown.cancel();
-    let sandboxed = sandbox.await.context("the sandbox provider panicked")?;
-    reconcile.await.context("the reconcile worker panicked")?;
-    console.await.context("the review console panicked")?;
+    let stopped = running.wait().await;
     parts.database.close().await;
-    served.context("the gRPC server stopped")?;
-    sandboxed.context("the sandbox provider stopped")?;
+    stopped?;
     app::announce("opjournal dev stopped");
     Ok(())
+}
+
+/// Logs to standard error, `warn` and above unless `RUST_LOG` says otherwise; nothing is
+/// exported.
+fn install_logging(format: LogFormat) {
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| "warn".to_owned());
+    let _ = Telemetry::disabled().install(LogOptions {
+        filter,
+        ..LogOptions::from_env(format)
+    });
+}
+
+/// Creates the data directory; with `--fresh`, deletes its journal. Returns the journal
+/// file.
+fn prepare_data_dir(flags: &DevFlags) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(&flags.data_dir)
+        .with_context(|| format!("cannot create {}", flags.data_dir.display()))?;
+    let journal_file = flags.data_dir.join("journal.db");
+    if flags.fresh {
+        delete_journal(&journal_file)?;
+    }
+    Ok(journal_file)
+}
+
+/// The policy file: `--policy`, or one written into the data directory that reconciles
+/// `create_payment` through the sandbox at `sandbox_url`.
+fn policy_file(flags: &DevFlags, sandbox_url: &str) -> anyhow::Result<PathBuf> {
+    if let Some(file) = &flags.policy_file {
+        return Ok(file.clone());
+    }
+    let file = flags.data_dir.join("policy.yaml");
+    let yaml = format!(
+        "{}# Every other action type, with the defaults (no lookup: an unknown outcome \
+         goes to review).\ndefault_action: {{}}\n",
+        opjournal::children::payments_policy_yaml(
+            sandbox_url,
+            "`opjournal dev` at each start; edits are lost, use `--policy FILE`"
+        )
+    );
+    std::fs::write(&file, yaml).with_context(|| format!("cannot write {}", file.display()))?;
+    Ok(file)
+}
+
+/// The parts of the stand, started.
+struct Running {
+    shutdown: CancellationToken,
+    console_url: String,
+    console: JoinHandle<()>,
+    sandbox: JoinHandle<std::io::Result<()>>,
+    reconcile: JoinHandle<()>,
+    server: JoinHandle<Result<(), opjournal::api::ServeError>>,
+}
+
+impl Running {
+    /// Starts the console (the reviewer signs in with `token`), the sandbox on
+    /// `sandbox_listener`, the reconcile worker and the gRPC server on `grpc_listener`; all
+    /// stop on SIGTERM or SIGINT.
+    fn start(
+        config: &Config,
+        parts: &Components,
+        console_listen: SocketAddr,
+        token: &ConsoleToken,
+        grpc_listener: TcpListener,
+        sandbox_listener: TcpListener,
+    ) -> anyhow::Result<Self> {
+        let worker = parts.worker(config)?;
+        let mut options = app::serve_options(config, &Metrics::disabled())?;
+        // Loopback only: the API needs no token and speaks plaintext, whatever OPJOURNAL_*
+        // variables say about tokens and TLS.
+        options.auth = Authenticator::disabled();
+        options.tls = None;
+        let shutdown = app::shutdown_on_signals();
+        let access = ConsoleAccess::from_registry(token.registry()?);
+        let console_options = app::console_options_with(config, access, None);
+        let (console_url, console) =
+            app::serve_console(parts, console_listen, console_options, shutdown.clone())
+                .with_context(|| {
+                    format!(
+                        "--console-listen {console_listen}: cannot listen (another process on it?)"
+                    )
+                })?;
+        let sandbox = tokio::spawn(
+            Sandbox::new(SandboxConfig {
+                lookup_lag: Duration::ZERO,
+                hang: SANDBOX_HANG,
+                ..SandboxConfig::default()
+            })
+            .serve(sandbox_listener, shutdown.clone().cancelled_owned()),
+        );
+        let reconcile = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { worker.run(shutdown).await }
+        });
+        let server = tokio::spawn(opjournal::api::serve(
+            parts.journal.clone(),
+            parts.reconciler.clone(),
+            grpc_listener,
+            options,
+            shutdown.clone(),
+        ));
+        Ok(Self {
+            shutdown,
+            console_url,
+            console,
+            sandbox,
+            reconcile,
+            server,
+        })
+    }
+
+    /// Waits for the gRPC server to stop (on a signal, or on an error, which stops the
+    /// other parts too), then for every other part.
+    async fn wait(self) -> anyhow::Result<()> {
+        let served = self.server.await.context("the gRPC server panicked")?;
+        self.shutdown.cancel();
+        let sandboxed = self
+            .sandbox
+            .await
+            .context("the sandbox provider panicked")?;
+        self.reconcile
+            .await
+            .context("the reconcile worker panicked")?;
+        self.console.await.context("the review console panicked")?;
+        served.context("the gRPC server stopped")?;
+        sandboxed.context("the sandbox provider stopped")?;
+        Ok(())
+    }
 }
 
 /// The console's sign-in token for one run: 32 random bytes in hexadecimal, held by the

@@ -309,7 +309,7 @@ impl TestApp {
             None => db.database(),
         };
         let database = database.with_clock(clock.clone());
-        let mut parts = app::components_with_telemetry(
+        let mut parts = Components::new(
             database,
             policy,
             adapters,
