@@ -591,7 +591,10 @@ async fn main() -> anyhow::Result<()> {
     let mut health_addr = None;
     if args.attack == Attack::HealthWatch && args.port == Port::Health {
         let address = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        env.push(("OPJOURNAL_SERVER__HEALTH_LISTEN".into(), address.to_string()));
+        env.push((
+            "OPJOURNAL_SERVER__HEALTH_LISTEN".into(),
+            address.to_string(),
+        ));
         health_addr = Some(address);
     }
     let tls = if args.tls {

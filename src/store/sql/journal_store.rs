@@ -127,7 +127,13 @@ impl<D: Dialect> JournalStore for SqlStore<D> {
             Resolution::Succeeded {
                 external_id,
                 result_json,
-            } => (0, args![external_id.as_ref().map(|i| i.as_str()), result_json.clone()]),
+            } => (
+                0,
+                args![
+                    external_id.as_ref().map(|i| i.as_str()),
+                    result_json.clone()
+                ],
+            ),
             Resolution::FailedFinal { error_code } => (1, args![error_code.as_str()]),
             Resolution::ReleaseForRetry => (2, Vec::new()),
             Resolution::KeepUnknown { next_check_after } => (3, args![*next_check_after]),
