@@ -6,7 +6,7 @@ Standard Webhooks signature over the raw body, drops repeats by event id (delive
 once), and posts one line per event to CHAT_WEBHOOK_URL as {"text": "..."}: the form Slack,
 Mattermost and Rocket.Chat incoming webhooks (and common Matrix bridges) accept.
 
-    OPJOURNAL_WEBHOOK_SECRET=whsec_... CHAT_WEBHOOK_URL=https://chat.example.com/hooks/... \
+    OPJOURNAL_WEBHOOK__SECRET=whsec_... CHAT_WEBHOOK_URL=https://chat.example.com/hooks/... \
         python3 chat_bridge.py --listen 127.0.0.1:8088
 
 Standard library only. The seen ids live in memory: run one instance (or keep them in a
@@ -116,7 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--listen", default="127.0.0.1:8088", help="host:port to listen on")
     args = parser.parse_args()
-    Bridge.secret = os.environ["OPJOURNAL_WEBHOOK_SECRET"]
+    Bridge.secret = os.environ["OPJOURNAL_WEBHOOK__SECRET"]
     Bridge.chat_url = os.environ["CHAT_WEBHOOK_URL"]
     host, port = args.listen.rsplit(":", 1)
     server = ThreadingHTTPServer((host, int(port)), Bridge)

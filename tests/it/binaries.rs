@@ -125,7 +125,7 @@ async fn the_server_binary_serves_and_stops_on_sigterm(pool: PgPool) {
     let (child, address) = start_logging(
         env!("CARGO_BIN_EXE_opjournal"),
         &args,
-        &[("RUST_LOG", "info"), ("OPJOURNAL_LOG_FORMAT", "json")],
+        &[("RUST_LOG", "info"), ("OPJOURNAL_TELEMETRY__LOG_FORMAT", "json")],
         Stdio::from(log.reopen().unwrap()),
         "opjournal listening on",
     )
@@ -219,7 +219,7 @@ async fn sigterm_during_a_burst_leaves_no_call_half_done(pool: PgPool) {
     let (child, address) = start_with_env(
         env!("CARGO_BIN_EXE_opjournal"),
         &args,
-        &[("OPJOURNAL_DRAIN_DELAY_SECONDS", "0.2")],
+        &[("OPJOURNAL_SERVER__DRAIN_DELAY", "0.2")],
         "opjournal listening on",
     )
     .await;
@@ -400,7 +400,7 @@ async fn serve_refuses_a_reachable_address_without_authentication_unless_told_so
     serves(
         &[],
         vec![(
-            "OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED",
+            "OPJOURNAL_AUTH__INSECURE_ALLOW_UNAUTHENTICATED",
             "true".to_owned(),
         )],
     )
@@ -410,7 +410,7 @@ async fn serve_refuses_a_reachable_address_without_authentication_unless_told_so
         "[{{name=\"orchestrator\", sha256=\"{}\", namespaces=[\"*\"], roles=[\"client\"]}}]",
         "ab".repeat(32)
     );
-    serves(&[], vec![("OPJOURNAL_TOKENS", token)]).await;
+    serves(&[], vec![("OPJOURNAL_AUTH__TOKENS", token)]).await;
 }
 
 #[tokio::test]
@@ -436,7 +436,7 @@ async fn serve_and_check_config_refuse_a_token_holding_client_and_reviewer() {
             Duration::from_secs(30),
             Command::new(binary)
                 .args(&args)
-                .env("OPJOURNAL_TOKENS_FILE", &tokens_file)
+                .env("OPJOURNAL_AUTH__TOKENS_FILE", &tokens_file)
                 .env("RUST_LOG", "warn")
                 .kill_on_drop(true)
                 .output(),

@@ -659,7 +659,7 @@ async fn without_tokens_the_server_refuses_a_console_other_hosts_can_reach() {
             "--database-url",
             "sqlite://unused/journal.db",
         ])
-        .env("OPJOURNAL_CONSOLE_LISTEN", "0.0.0.0:8090")
+        .env("OPJOURNAL_CONSOLE__LISTEN", "0.0.0.0:8090")
         .output()
         .await
         .unwrap();
@@ -672,8 +672,8 @@ async fn without_tokens_the_server_refuses_a_console_other_hosts_can_reach() {
             "--database-url",
             "sqlite://unused/journal.db",
         ])
-        .env("OPJOURNAL_CONSOLE_LISTEN", "0.0.0.0:8090")
-        .env("OPJOURNAL_INSECURE_ALLOW_UNAUTHENTICATED", "true")
+        .env("OPJOURNAL_CONSOLE__LISTEN", "0.0.0.0:8090")
+        .env("OPJOURNAL_AUTH__INSECURE_ALLOW_UNAUTHENTICATED", "true")
         .output()
         .await
         .unwrap();

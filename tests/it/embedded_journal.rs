@@ -32,8 +32,8 @@ fn binary(name: &str, dir: &Path) -> Command {
     }
     // Tests run side by side: never the fixed default metrics ports.
     command
-        .env("OPJOURNAL_METRICS_LISTEN", "127.0.0.1:0")
-        .env("OPJOURNAL_RECONCILER_METRICS_LISTEN", "127.0.0.1:0");
+        .env("OPJOURNAL_SERVER__METRICS_LISTEN", "127.0.0.1:0")
+        .env("OPJOURNAL_RECONCILE__METRICS_LISTEN", "127.0.0.1:0");
     command
 }
 

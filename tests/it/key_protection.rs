@@ -277,7 +277,7 @@ async fn serve(database_url: &str, secret: &str, log: &std::path::Path) -> (Chil
                 "--database-url",
                 database_url,
             ])
-            .env("OPJOURNAL_KEY_DERIVATION_SECRET", secret)
+            .env("OPJOURNAL_SERVER__KEY_DERIVATION_SECRET", secret)
             .env("RUST_LOG", "trace")
             .stderr(Stdio::from(std::fs::File::create(log).unwrap())),
         "opjournal listening on",

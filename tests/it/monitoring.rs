@@ -368,9 +368,9 @@ async fn start(
         Command::new(binary)
             .args(args)
             .env("RUST_LOG", "warn")
-            .env("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.1")
-            .env("OPJOURNAL_BACKLOG_SAMPLE_SECONDS", "0.2")
-            .env("OPJOURNAL_READINESS_INTERVAL_SECONDS", "0.2")
+            .env("OPJOURNAL_RECONCILE__POLL_INTERVAL", "0.1")
+            .env("OPJOURNAL_RECONCILE__BACKLOG_SAMPLE_INTERVAL", "0.2")
+            .env("OPJOURNAL_SERVER__READINESS_INTERVAL", "0.2")
             .envs(env.iter().copied()),
     );
     let found = process::announced_all(&mut lines, markers, Duration::from_secs(60)).await;
@@ -509,16 +509,16 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_in_a_real_scrape(pool:
     // max age of one second.
     let webhook_url = format!("http://127.0.0.1:{closed_port}/hooks");
     let webhook = [
-        ("OPJOURNAL_WEBHOOK_URL", webhook_url.as_str()),
+        ("OPJOURNAL_WEBHOOK__URL", webhook_url.as_str()),
         (
-            "OPJOURNAL_WEBHOOK_SECRET",
+            "OPJOURNAL_WEBHOOK__SECRET",
             "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
         ),
-        ("OPJOURNAL_WEBHOOK_TIMEOUT_SECONDS", "1"),
-        ("OPJOURNAL_WEBHOOK_RETRY_BASE_SECONDS", "0.1"),
-        ("OPJOURNAL_WEBHOOK_RETRY_CAP_SECONDS", "0.2"),
-        ("OPJOURNAL_WEBHOOK_MAX_AGE_SECONDS", "1"),
-        ("OPJOURNAL_WEBHOOK_POLL_SECONDS", "0.1"),
+        ("OPJOURNAL_WEBHOOK__TIMEOUT", "1"),
+        ("OPJOURNAL_WEBHOOK__RETRY_BASE", "0.1"),
+        ("OPJOURNAL_WEBHOOK__RETRY_CAP", "0.2"),
+        ("OPJOURNAL_WEBHOOK__MAX_AGE", "1"),
+        ("OPJOURNAL_WEBHOOK__POLL_INTERVAL", "0.1"),
     ];
     let (_worker, worker) = start(
         env!("CARGO_BIN_EXE_opjournal-reconciler"),

@@ -295,7 +295,7 @@ async fn the_operator_console_reaches_the_server_binary_over_mutual_tls_with_a_t
             .args(["--metrics-listen", "127.0.0.1:0"])
             .args(["--database-url", &database_url])
             .env("RUST_LOG", "debug")
-            .env_remove("OPJOURNAL_TOKENS")
+            .env_remove("OPJOURNAL_AUTH__TOKENS")
             .stderr(Stdio::piped()),
     );
     // Drained all along: a full pipe would block the server's logging.
@@ -514,13 +514,13 @@ async fn the_server_binary_serves_tls_tokens_from_a_file_and_plaintext_health(po
     command
         .arg("serve")
         .env_clear()
-        .env("OPJOURNAL_LISTEN", "127.0.0.1:0")
-        .env("OPJOURNAL_METRICS_LISTEN", "127.0.0.1:0")
-        .env("OPJOURNAL_HEALTH_LISTEN", "127.0.0.1:0")
-        .env("OPJOURNAL_DATABASE_URL", app.database_url())
-        .env("OPJOURNAL_TLS_CERT_FILE", pki.path("server.pem"))
-        .env("OPJOURNAL_TLS_KEY_FILE", pki.path("server-key.pem"))
-        .env("OPJOURNAL_TOKENS_FILE", &tokens_file)
+        .env("OPJOURNAL_SERVER__LISTEN", "127.0.0.1:0")
+        .env("OPJOURNAL_SERVER__METRICS_LISTEN", "127.0.0.1:0")
+        .env("OPJOURNAL_SERVER__HEALTH_LISTEN", "127.0.0.1:0")
+        .env("OPJOURNAL_DATABASE__URL", app.database_url())
+        .env("OPJOURNAL_TLS__CERT_FILE", pki.path("server.pem"))
+        .env("OPJOURNAL_TLS__KEY_FILE", pki.path("server-key.pem"))
+        .env("OPJOURNAL_AUTH__TOKENS_FILE", &tokens_file)
         .env("RUST_LOG", "debug")
         .stderr(Stdio::piped());
     let (mut server, mut lines) = process::spawn_piped(&mut command);

@@ -216,14 +216,14 @@ async fn start_worker(app: &TestApp, policy: &std::path::Path, url: &str, secret
     command
         .args(args)
         .env("RUST_LOG", "warn")
-        .env("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.1")
-        .env("OPJOURNAL_WEBHOOK_URL", url)
-        .env("OPJOURNAL_WEBHOOK_SECRET", secret)
-        .env("OPJOURNAL_WEBHOOK_TIMEOUT_SECONDS", "1")
-        .env("OPJOURNAL_WEBHOOK_CLAIM_SECONDS", "2")
-        .env("OPJOURNAL_WEBHOOK_RETRY_BASE_SECONDS", "0.1")
-        .env("OPJOURNAL_WEBHOOK_RETRY_CAP_SECONDS", "0.4")
-        .env("OPJOURNAL_WEBHOOK_POLL_SECONDS", "0.1");
+        .env("OPJOURNAL_RECONCILE__POLL_INTERVAL", "0.1")
+        .env("OPJOURNAL_WEBHOOK__URL", url)
+        .env("OPJOURNAL_WEBHOOK__SECRET", secret)
+        .env("OPJOURNAL_WEBHOOK__TIMEOUT", "1")
+        .env("OPJOURNAL_WEBHOOK__CLAIM_HOLD", "2")
+        .env("OPJOURNAL_WEBHOOK__RETRY_BASE", "0.1")
+        .env("OPJOURNAL_WEBHOOK__RETRY_CAP", "0.4")
+        .env("OPJOURNAL_WEBHOOK__POLL_INTERVAL", "0.1");
     process::spawn_announcing(&mut command, "opjournal-reconciler health on")
         .await
         .0
@@ -531,7 +531,7 @@ async fn the_chat_bridge_example_posts_one_message_per_event(pool: PgPool) {
     let (_bridge, mut lines) = process::spawn_piped(
         Command::new(python)
             .args([script, "--listen", "127.0.0.1:0"])
-            .env("OPJOURNAL_WEBHOOK_SECRET", secret())
+            .env("OPJOURNAL_WEBHOOK__SECRET", secret())
             .env("CHAT_WEBHOOK_URL", &chat_url),
     );
     let address = process::announced(&mut lines, "chat bridge listening on ").await;

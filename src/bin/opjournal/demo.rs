@@ -138,7 +138,7 @@ async fn start_journal(
             "--policy",
             policy,
         ],
-        &[("OPJOURNAL_RECONCILE_POLL_SECONDS", "0.5")],
+        &[("OPJOURNAL_RECONCILE__POLL_INTERVAL", "0.5")],
         "health on ",
         dir,
     )
