@@ -45,12 +45,8 @@ impl JournalClient {
                 page_size,
                 page_token,
             });
-            async move {
-                let page = self
-                    .answer(self.journal.clone().list_operations(request))
-                    .await?;
-                Ok((page.operations, page.next_page_token))
-            }
+            let mut stub = self.journal.clone();
+            async move { self.answer(stub.list_operations(request)).await }
         })
         .await
     }
@@ -71,12 +67,8 @@ impl JournalClient {
                 page_size,
                 page_token,
             });
-            async move {
-                let page = self
-                    .answer(self.reconciler.clone().get_operation_history(request))
-                    .await?;
-                Ok((page.events, page.next_page_token))
-            }
+            let mut stub = self.reconciler.clone();
+            async move { self.answer(stub.get_operation_history(request)).await }
         })
         .await
     }
@@ -97,12 +89,8 @@ impl JournalClient {
                 page_size,
                 page_token,
             });
-            async move {
-                let page = self
-                    .answer(self.reconciler.clone().list_operations_for_review(request))
-                    .await?;
-                Ok((page.operations, page.next_page_token))
-            }
+            let mut stub = self.reconciler.clone();
+            async move { self.answer(stub.list_operations_for_review(request)).await }
         })
         .await
     }
@@ -126,22 +114,49 @@ impl JournalClient {
     }
 }
 
+/// A page of a listing: its rows and the next page's token (empty at the end).
+trait Page {
+    type Row;
+    fn split(self) -> (Vec<Self::Row>, String);
+}
+
+impl Page for proto::ListOperationsResponse {
+    type Row = Operation;
+    fn split(self) -> (Vec<Operation>, String) {
+        (self.operations, self.next_page_token)
+    }
+}
+
+impl Page for proto::ListOperationsForReviewResponse {
+    type Row = Operation;
+    fn split(self) -> (Vec<Operation>, String) {
+        (self.operations, self.next_page_token)
+    }
+}
+
+impl Page for proto::GetOperationHistoryResponse {
+    type Row = proto::OperationEvent;
+    fn split(self) -> (Vec<proto::OperationEvent>, String) {
+        (self.events, self.next_page_token)
+    }
+}
+
 /// Follows a listing's pages until its end, `limit` rows, or a repeated page token: `fetch`
-/// is given the page token and the page size (at most `max_page`) and answers a page's rows
-/// and the next page's token. At most `limit` rows come back.
-async fn collect_pages<T, Fut>(
+/// is given the page token and the page size (at most `max_page`) and answers the page. At most `limit` rows come back.
+async fn collect_pages<P: Page, Fut>(
     limit: u32,
     max_page: u32,
     mut fetch: impl FnMut(String, i32) -> Fut,
-) -> Result<Vec<T>, ClientError>
+) -> Result<Vec<P::Row>, ClientError>
 where
-    Fut: Future<Output = Result<(Vec<T>, String), ClientError>>,
+    Fut: Future<Output = Result<P, ClientError>>,
 {
     let mut rows = Vec::new();
     let mut page_token = String::new();
     loop {
-        let (page, next) =
-            fetch(page_token.clone(), page_size(limit, rows.len(), max_page)).await?;
+        let (page, next) = fetch(page_token.clone(), page_size(limit, rows.len(), max_page))
+            .await?
+            .split();
         rows.extend(page);
         if !next_page(&mut page_token, next, rows.len(), limit) {
             break;
