@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use clap::ArgGroup;
 use tonic::transport::Uri;
 
+use opjournal_client::ClientError;
+
 use super::client::ClientOptions;
 
 use crate::domain::model::Status;
@@ -176,7 +178,7 @@ impl ResolveArgs {
     ///
     /// Errors: `INVALID_ARGUMENT` unless exactly one decision is given (clap already refuses
     /// that, so this only guards callers that build the flags by hand).
-    pub fn request(&self) -> Result<proto::ResolveOperationRequest, tonic::Status> {
+    pub fn request(&self) -> Result<proto::ResolveOperationRequest, ClientError> {
         let resolution = match (self.succeeded, &self.failed_final, self.release) {
             (true, None, false) => Resolution::Succeeded(proto::ResolveSucceeded {
                 external_id: self.external_id.clone().unwrap_or_default(),
@@ -189,7 +191,8 @@ impl ResolveArgs {
             _ => {
                 return Err(tonic::Status::invalid_argument(
                     "choose exactly one of --succeeded, --failed-final CODE, --release",
-                ));
+                )
+                .into());
             }
         };
         Ok(proto::ResolveOperationRequest {

@@ -3,9 +3,9 @@
 
 use std::process::ExitCode;
 
+use opjournal_client::{ClientError, ErrorReason};
 use serde::Serialize;
 use tonic::Code;
-use tonic_types::StatusExt as _;
 
 /// Exit code of a call the server refused because of the request, the operation's state or
 /// the caller's credentials (`INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`,
@@ -29,13 +29,22 @@ pub struct ErrorReport {
 }
 
 impl ErrorReport {
-    /// The report of a status.
-    pub fn from_status(status: &tonic::Status) -> Self {
+    /// The report of a failed call; a failure without an `ErrorInfo` (the server could not
+    /// be reached, the call ran out of time) has no reason.
+    pub fn from_error(error: &ClientError) -> Self {
         Self {
-            code: status.code(),
-            reason: status.get_details_error_info().map(|info| info.reason),
-            message: message_with_causes(status),
+            code: error.code,
+            reason: match &error.reason {
+                ErrorReason::Transport => None,
+                reason => Some(reason.as_str().to_owned()),
+            },
+            message: error.message.clone(),
         }
+    }
+
+    /// The report of a status (decoded as [`ClientError`]).
+    pub fn from_status(status: &tonic::Status) -> Self {
+        Self::from_error(&ClientError::from(status.clone()))
     }
 
     /// The stderr line: `error: <CODE> <REASON>: <message>`.
@@ -61,22 +70,6 @@ impl ErrorReport {
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(exit_status(self.code))
     }
-}
-
-/// The status message followed by the causes of a client-side failure (a refused TLS
-/// handshake, a reset connection), each said once.
-fn message_with_causes(status: &tonic::Status) -> String {
-    let mut message = status.message().to_owned();
-    let mut cause = std::error::Error::source(status);
-    while let Some(error) = cause {
-        let text = error.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        cause = error.source();
-    }
-    message
 }
 
 /// `EXIT_REFUSED` for the codes that describe the request, the operation's state or the

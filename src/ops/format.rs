@@ -9,61 +9,51 @@ use super::rows::{EventRow, OperationDetail, OperationRow, ReconcileRow, format_
 /// What an empty field is shown as.
 pub const EMPTY: &str = "-";
 
+/// A column of an operations table: its heading and how a row fills it.
+type Column = (&'static str, fn(&OperationRow) -> String);
+
+/// The `list` table's columns.
+const LIST_COLUMNS: [Column; 7] = [
+    ("KEY", |r| cell(&r.operation_key)),
+    ("STATUS", |r| r.status.to_owned()),
+    ("ATTEMPT", |r| r.attempt_count.to_string()),
+    ("ACTION", |r| cell(&r.action_type)),
+    ("EXTERNAL_ID", |r| opt(r.external_id.as_deref())),
+    ("ERROR_CODE", |r| opt(r.error_code.as_deref())),
+    ("UPDATED", |r| time(r.updated_at.as_ref())),
+];
+
+/// The `review` table's columns.
+const REVIEW_COLUMNS: [Column; 7] = [
+    ("KEY", |r| cell(&r.operation_key)),
+    ("ATTEMPT", |r| r.attempt_count.to_string()),
+    ("ACTION", |r| cell(&r.action_type)),
+    ("REVIEW_SINCE", |r| time(r.review_required_at.as_ref())),
+    ("REVIEW_REASON", |r| opt(r.review_reason.as_deref())),
+    ("ERROR_CODE", |r| opt(r.error_code.as_deref())),
+    ("LOOKUPS", |r| r.reconcile_attempts.to_string()),
+];
+
 /// The `list` table: one operation per line, newest first.
 pub fn operations_table(rows: &[OperationRow]) -> String {
-    if rows.is_empty() {
-        return "no operations\n".to_owned();
-    }
-    table(
-        &[
-            "KEY",
-            "STATUS",
-            "ATTEMPT",
-            "ACTION",
-            "EXTERNAL_ID",
-            "ERROR_CODE",
-            "UPDATED",
-        ],
-        rows.iter().map(|r| {
-            vec![
-                cell(&r.operation_key),
-                r.status.to_owned(),
-                r.attempt_count.to_string(),
-                cell(&r.action_type),
-                opt(r.external_id.as_deref()),
-                opt(r.error_code.as_deref()),
-                time(r.updated_at.as_ref()),
-            ]
-        }),
-    )
+    operation_table(rows, &LIST_COLUMNS, "no operations\n")
 }
 
 /// The `review` table: one operation per line, oldest escalation first.
 pub fn review_table(rows: &[OperationRow]) -> String {
+    operation_table(rows, &REVIEW_COLUMNS, "no operations waiting for review\n")
+}
+
+/// A table of `rows` in `columns`, or `empty` when there are none.
+fn operation_table(rows: &[OperationRow], columns: &[Column], empty: &str) -> String {
     if rows.is_empty() {
-        return "no operations waiting for review\n".to_owned();
+        return empty.to_owned();
     }
+    let headings: Vec<&str> = columns.iter().map(|(heading, _)| *heading).collect();
     table(
-        &[
-            "KEY",
-            "ATTEMPT",
-            "ACTION",
-            "REVIEW_SINCE",
-            "REVIEW_REASON",
-            "ERROR_CODE",
-            "LOOKUPS",
-        ],
-        rows.iter().map(|r| {
-            vec![
-                cell(&r.operation_key),
-                r.attempt_count.to_string(),
-                cell(&r.action_type),
-                time(r.review_required_at.as_ref()),
-                opt(r.review_reason.as_deref()),
-                opt(r.error_code.as_deref()),
-                r.reconcile_attempts.to_string(),
-            ]
-        }),
+        &headings,
+        rows.iter()
+            .map(|r| columns.iter().map(|(_, value)| value(r)).collect()),
     )
 }
 

@@ -16,10 +16,12 @@ pub mod rows;
 use std::io::Write as _;
 use std::process::ExitCode;
 
+use opjournal_client::{ClientError, JournalClient, ListFilter};
 use serde::Serialize;
 
+use crate::api::convert::status_to_proto;
 pub use args::OpsCommand;
-pub use client::{ClientOptions, ListFilter, OpsClient};
+pub use client::{ClientOptions, connect};
 pub use error::ErrorReport;
 use rows::{EventRow, OperationDetail, OperationRow, ReconcileRow};
 
@@ -78,21 +80,18 @@ struct ShowDocument<'a> {
 
 /// Calls the server for `command` and returns what to print.
 ///
-/// Errors: the server's status, unchanged; `UNAVAILABLE` when it cannot be reached;
-/// `INTERNAL` when its response lacks a field the contract promises.
-pub async fn execute(
-    client: &mut OpsClient,
-    command: &OpsCommand,
-) -> Result<Output, tonic::Status> {
+/// Errors: the server's status, decoded; `UNAVAILABLE` when it cannot be reached;
+/// `INTERNAL`/`MALFORMED_RESPONSE` when its response lacks a field the contract promises.
+pub async fn execute(client: &JournalClient, command: &OpsCommand) -> Result<Output, ClientError> {
     let namespace = command.common().namespace.as_str();
     Ok(match command {
         OpsCommand::List(a) => {
             let filter = ListFilter {
                 namespace: namespace.to_owned(),
-                status: a.status.map(Into::into),
+                status: a.status.map(|s| status_to_proto(s.into())),
                 action_type: a.action_type.clone().unwrap_or_default(),
             };
-            let operations = client.list(&filter, a.limit).await?;
+            let operations = client.list_operations(&filter, a.limit).await?;
             Output::Operations(operations.iter().map(OperationRow::from).collect())
         }
         OpsCommand::Show(a) => {
@@ -104,12 +103,12 @@ pub async fn execute(
             }
         }
         OpsCommand::Review(a) => {
-            let operations = client.review(namespace, a.limit).await?;
+            let operations = client.review_queue(namespace, a.limit).await?;
             Output::Review(operations.iter().map(OperationRow::from).collect())
         }
         OpsCommand::Reconcile(a) => {
             let reconciled = client.reconcile(namespace, &a.key).await?;
-            Output::Reconcile(ReconcileRow::from(&reconciled))
+            Output::Reconcile(ReconcileRow::try_from(&reconciled)?)
         }
         OpsCommand::Resolve(a) => {
             let operation = client.resolve(a.request()?).await?;
@@ -125,9 +124,9 @@ pub async fn execute(
 pub async fn run(command: OpsCommand) -> ExitCode {
     let common = command.common();
     let json = common.json;
-    let result = match OpsClient::connect(common.server.clone(), &common.client_options()) {
-        Ok(mut client) => execute(&mut client, &command).await,
-        Err(status) => Err(status),
+    let result = match connect(common.server.clone(), &common.client_options()) {
+        Ok(client) => execute(&client, &command).await,
+        Err(error) => Err(error),
     };
     let (document, code) = match result {
         Ok(output) if json => (output.json().map(line), ExitCode::SUCCESS),
@@ -138,8 +137,8 @@ pub async fn run(command: OpsCommand) -> ExitCode {
             }
             (Ok(text), ExitCode::SUCCESS)
         }
-        Err(status) => {
-            let report = ErrorReport::from_status(&status);
+        Err(error) => {
+            let report = ErrorReport::from_error(&error);
             eprintln!("{}", report.line());
             let document = if json {
                 report.json().map(line)

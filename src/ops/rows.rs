@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Serialize, Serializer};
 
-use super::client::Reconciled;
+use opjournal_client::ClientError;
+
 use crate::api::convert::status_from_proto;
 use crate::proto;
 
@@ -156,13 +157,21 @@ pub struct ReconcileRow {
     pub action: &'static str,
 }
 
-impl From<&Reconciled> for ReconcileRow {
-    fn from(reconciled: &Reconciled) -> Self {
-        Self {
-            operation: (&reconciled.operation).into(),
+impl TryFrom<&proto::ReconcileOperationResponse> for ReconcileRow {
+    type Error = ClientError;
+
+    /// Errors: `INTERNAL` (no `ErrorInfo`) when the response has no operation.
+    fn try_from(reconciled: &proto::ReconcileOperationResponse) -> Result<Self, ClientError> {
+        let operation = reconciled.operation.as_ref().ok_or_else(|| {
+            ClientError::from(tonic::Status::internal(
+                "the server's response has no ReconcileOperationResponse.operation",
+            ))
+        })?;
+        Ok(Self {
+            operation: operation.into(),
             observation: reconciled.observation.as_ref().map(ObservationRow::from),
             action: action_name(reconciled.action),
-        }
+        })
     }
 }
 

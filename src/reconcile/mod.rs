@@ -40,7 +40,7 @@ use crate::domain::policy::{ActionPolicy, AdapterKind, Policy, ResultSource};
 use crate::domain::result::{ResultRules, SanitizeError};
 use crate::domain::transition::EscalationReason;
 use crate::journal::{OperationRef, RequestLimits};
-use crate::store::{JournalStore, Lookup, Resolution};
+use crate::store::{JournalStore, Lookup, Resolution, StoreError};
 use crate::telemetry::Metrics;
 use crate::telemetry::propagation::TraceParent;
 pub use adapter::{AdapterEntry, AdapterSet, LookupRequest, Observation, ProviderAdapter};
@@ -150,6 +150,49 @@ impl Reconciler {
     /// The name recorded in the history for this reconciler's transitions.
     pub fn actor(&self) -> &str {
         &self.actor
+    }
+
+    /// Moves in-progress operations whose lease ended into `unknown`, at most `batch_size`,
+    /// recorded under this reconciler's actor and counted in its metrics; returns how many.
+    ///
+    /// Errors: the store is unavailable.
+    pub async fn sweep_expired_leases(&self, batch_size: i64) -> Result<u64, StoreError> {
+        let swept = self
+            .store
+            .sweep_expired_leases(batch_size, &self.actor)
+            .await?;
+        self.metrics.lease_expiries("sweep", swept);
+        self.metrics
+            .transitions(Some(Status::InProgress), Status::Unknown, swept);
+        Ok(swept)
+    }
+
+    /// Claims up to `limit` operations due for a lookup, pushing their next check `hold`
+    /// past now so no other replica claims them meanwhile.
+    ///
+    /// Errors: the store is unavailable.
+    pub async fn claim_due(
+        &self,
+        limit: i64,
+        hold: Duration,
+    ) -> Result<Vec<OperationRecord>, StoreError> {
+        self.store.claim_due(limit, hold).await
+    }
+
+    /// Deletes up to `batch_size` terminal operations past their retention; returns how
+    /// many went.
+    ///
+    /// Errors: the store is unavailable.
+    pub async fn purge(&self, batch_size: i64) -> Result<u64, StoreError> {
+        self.store.purge(batch_size).await
+    }
+
+    /// Analyzes the journal tables without planner statistics once they hold `min_changes`
+    /// changed rows; `None` when every table has statistics, else how many were analyzed.
+    ///
+    /// Errors: the store is unavailable.
+    pub async fn analyze_new_tables(&self, min_changes: i64) -> Result<Option<u64>, StoreError> {
+        self.store.analyze_new_tables(min_changes).await
     }
 
     /// Reconciles one operation now, on request (the `ReconcileOperation` RPC).

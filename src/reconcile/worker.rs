@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::poll::{Rounds, poll_until};
 use super::{ReconcileAction, Reconciler};
-use crate::domain::model::Status;
 use crate::store::{JournalStore, StoreError};
 
 /// Deletes terminal operations past their retention in batches of `batch_size`, at most
@@ -22,9 +21,19 @@ pub async fn purge(
     batch_size: i64,
     max_batches: u32,
 ) -> Result<u64, StoreError> {
+    in_batches(batch_size, max_batches, |n| store.purge(n)).await
+}
+
+/// Runs `purge` with `batch_size` until a batch comes back short, at most `max_batches`
+/// times; returns the total.
+async fn in_batches<F: Future<Output = Result<u64, StoreError>>>(
+    batch_size: i64,
+    max_batches: u32,
+    mut purge: impl FnMut(i64) -> F,
+) -> Result<u64, StoreError> {
     let mut total = 0;
     for _ in 0..max_batches {
-        let purged = store.purge(batch_size).await?;
+        let purged = purge(batch_size).await?;
         total += purged;
         if purged < u64::try_from(batch_size).unwrap_or(0) {
             break;
@@ -114,23 +123,21 @@ impl Worker {
 
     /// One poll: sweep, claim, look up. Errors only when the store cannot be reached.
     pub async fn tick(&self) -> Result<TickStats, StoreError> {
-        let store = self.reconciler.store();
         let mut stats = TickStats {
-            swept: store
-                .sweep_expired_leases(self.config.batch_size, self.reconciler.actor())
+            swept: self
+                .reconciler
+                .sweep_expired_leases(self.config.batch_size)
                 .await?,
             ..TickStats::default()
         };
-        let metrics = self.reconciler.metrics();
-        metrics.lease_expiries("sweep", stats.swept);
-        metrics.transitions(Some(Status::InProgress), Status::Unknown, stats.swept);
         // Claim only as many as run at once: a claimed operation is looked up at once, so the
         // claim hold only has to outlast one lookup, never a queue of them.
         let chunk = i64::try_from(self.config.concurrency.max(1)).unwrap_or(i64::MAX);
         let mut results = Vec::new();
         let mut claimed = 0;
         while claimed < self.config.batch_size {
-            let due = store
+            let due = self
+                .reconciler
                 .claim_due(
                     chunk.min(self.config.batch_size - claimed),
                     self.config.claim_hold,
@@ -171,11 +178,10 @@ impl Worker {
     /// Purges terminal operations past their retention, in batches of `purge_batch_size`,
     /// at most `max_batches` statements; returns how many went.
     pub async fn purge(&self, max_batches: u32) -> Result<u64, StoreError> {
-        purge(
-            self.reconciler.store().as_ref(),
-            self.config.purge_batch_size,
-            max_batches,
-        )
+        let reconciler = &self.reconciler;
+        in_batches(self.config.purge_batch_size, max_batches, |n| {
+            reconciler.purge(n)
+        })
         .await
     }
 
@@ -202,9 +208,7 @@ struct WorkerRounds<'a> {
 impl Rounds for WorkerRounds<'_> {
     async fn round(&mut self) -> Result<bool, StoreError> {
         let worker = self.worker;
-        self.statistics
-            .check(worker.reconciler.store().as_ref())
-            .await;
+        self.statistics.check(&worker.reconciler).await;
         let purge_due = |at: std::time::Instant| at.elapsed() >= worker.config.purge_interval;
         if self.last_purge.is_none_or(purge_due) {
             match worker.purge(10).await {
@@ -248,7 +252,7 @@ struct NewJournalStatistics {
 }
 
 impl NewJournalStatistics {
-    async fn check(&mut self, store: &dyn crate::store::JournalStore) {
+    async fn check(&mut self, reconciler: &Reconciler) {
         if self.settled
             || self
                 .last_check
@@ -257,7 +261,10 @@ impl NewJournalStatistics {
             return;
         }
         self.last_check = Some(std::time::Instant::now());
-        match store.analyze_new_tables(NEW_TABLE_ANALYZE_CHANGES).await {
+        match reconciler
+            .analyze_new_tables(NEW_TABLE_ANALYZE_CHANGES)
+            .await
+        {
             Ok(None) => self.settled = true,
             Ok(Some(0)) => {}
             Ok(Some(tables)) => tracing::info!(tables, "analyzed new journal tables"),

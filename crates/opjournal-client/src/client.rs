@@ -36,8 +36,8 @@ pub const DEFAULT_BEGIN_RETRY: Duration = Duration::from_secs(10);
 /// Cheap to clone; clones share the channel.
 #[derive(Debug, Clone)]
 pub struct JournalClient {
-    journal: OperationJournalClient<Authorized>,
-    reconciler: ReconcilerClient<Authorized>,
+    pub(crate) journal: OperationJournalClient<Authorized>,
+    pub(crate) reconciler: ReconcilerClient<Authorized>,
     pub(crate) call_timeout: Duration,
     pub(crate) report_retry_for: Duration,
     pub(crate) begin_retry_for: Duration,
@@ -112,14 +112,14 @@ impl JournalClient {
     }
 
     /// `message` as a request carrying the call's deadline.
-    fn request<T>(&self, message: T) -> Request<T> {
+    pub(crate) fn request<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
         request.set_timeout(self.call_timeout);
         request
     }
 
     /// Awaits `call` for at most the call's deadline.
-    async fn answer<T>(
+    pub(crate) async fn answer<T>(
         &self,
         call: impl Future<Output = Result<Response<T>, Status>>,
     ) -> Result<T, ClientError> {

@@ -15,7 +15,8 @@ pub struct ClientError {
     pub code: Code,
     /// The `ErrorInfo.reason`, typed.
     pub reason: ErrorReason,
-    /// The server's message (never carries payloads or keys).
+    /// The server's message (never carries payloads or keys), followed for a failure on
+    /// this side (a refused TLS handshake, a reset connection) by its causes.
     pub message: String,
     /// `BadRequest` field violations as (field, description).
     pub field_violations: Vec<(String, String)>,
@@ -129,12 +130,28 @@ impl From<Status> for ClientError {
         Self {
             code: status.code(),
             reason,
-            message: status.message().to_owned(),
+            message: message_with_causes(&status),
             field_violations,
             retry_after: details.retry_info().and_then(|info| info.retry_delay),
             metadata,
         }
     }
+}
+
+/// The status message followed by the causes of a client-side failure (a refused TLS
+/// handshake, a reset connection), each said once.
+fn message_with_causes(status: &Status) -> String {
+    let mut message = status.message().to_owned();
+    let mut cause = std::error::Error::source(status);
+    while let Some(error) = cause {
+        let text = error.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = error.source();
+    }
+    message
 }
 
 pub use opjournal_reasons::ErrorReason;

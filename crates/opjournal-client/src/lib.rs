@@ -1,7 +1,9 @@
 //! The Rust client of the opjournal operation journal.
 //!
 //! [`JournalClient`] speaks the `OperationJournal` and `Reconciler` services with a deadline
-//! on every call and typed errors ([`ClientError`], [`ErrorReason`]).
+//! on every call and typed errors ([`ClientError`], [`ErrorReason`]): the calls of an
+//! orchestrator (Begin, reports, reads) and of an operator (listings and histories over
+//! every page, the review queue, reconcile, resolve).
 //! [`JournalClient::execute`] is the whole protocol around one side-effecting call: journal
 //! the intent, call the provider once under a renewed lease with the key the provider must
 //! deduplicate on, and record what is *known* to have happened. [`Protected`] turns an async
@@ -44,6 +46,7 @@ mod intent;
 mod protect;
 pub mod proto;
 mod provider;
+mod review;
 
 pub use auth::{BearerToken, InvalidToken};
 pub use client::{DEFAULT_BEGIN_RETRY, DEFAULT_CALL_TIMEOUT, DEFAULT_REPORT_RETRY, JournalClient};
@@ -54,3 +57,4 @@ pub use intent::{AttemptId, Begun, Intent, Lease};
 pub use protect::Protected;
 pub use proto::Operation;
 pub use provider::{ProviderError, ProviderOutcome, ProviderSuccess, default_error_code};
+pub use review::{ListFilter, MAX_HISTORY_PAGE, MAX_OPERATIONS_PAGE};
