@@ -39,10 +39,14 @@ impl ReconcilerRpc for ReconcilerService {
         &self,
         request: Request<proto::ReconcileOperationRequest>,
     ) -> Result<Response<proto::ReconcileOperationResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::ReconcileOperation)?;
-        let operation = OperationRef::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &operation.namespace)?;
-        let report = self.reconciler.reconcile_now(&operation).await.map_err(journal_status)?;
+        let operation = auth::command(request, Rpc::ReconcileOperation, |c: &OperationRef| {
+            &c.namespace
+        })?;
+        let report = self
+            .reconciler
+            .reconcile_now(&operation)
+            .await
+            .map_err(journal_status)?;
         let observation = report.observation.as_ref().map(|o| {
             let mut observation = convert::observation(o);
             if report.action == ReconcileAction::ReleasedForRetry {
@@ -61,10 +65,14 @@ impl ReconcilerRpc for ReconcilerService {
         &self,
         request: Request<proto::ListOperationsForReviewRequest>,
     ) -> Result<Response<proto::ListOperationsForReviewResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::ListOperationsForReview)?;
-        let command = ReviewQueue::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &command.namespace)?;
-        let (records, next_page_token) = self.reconciler.list_for_review(&command).await.map_err(journal_status)?;
+        let command = auth::command(request, Rpc::ListOperationsForReview, |c: &ReviewQueue| {
+            &c.namespace
+        })?;
+        let (records, next_page_token) = self
+            .reconciler
+            .list_for_review(&command)
+            .await
+            .map_err(journal_status)?;
         Ok(Response::new(proto::ListOperationsForReviewResponse {
             operations: records.iter().map(convert::operation).collect(),
             next_page_token,
@@ -82,7 +90,11 @@ impl ReconcilerRpc for ReconcilerService {
             .map_err(|error| auth::refused(&caller, error))?;
         let command = Resolve::try_from(r).map_err(journal_status)?;
         check_namespace(&caller, &command.operation.namespace)?;
-        let record = self.reconciler.resolve_by_reviewer(command).await.map_err(journal_status)?;
+        let record = self
+            .reconciler
+            .resolve_by_reviewer(command)
+            .await
+            .map_err(journal_status)?;
         Ok(Response::new(proto::ResolveOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
@@ -92,10 +104,14 @@ impl ReconcilerRpc for ReconcilerService {
         &self,
         request: Request<proto::GetOperationHistoryRequest>,
     ) -> Result<Response<proto::GetOperationHistoryResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::GetOperationHistory)?;
-        let command = History::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &command.operation.namespace)?;
-        let (events, next_page_token) = self.reconciler.history(&command).await.map_err(journal_status)?;
+        let command = auth::command(request, Rpc::GetOperationHistory, |c: &History| {
+            &c.operation.namespace
+        })?;
+        let (events, next_page_token) = self
+            .reconciler
+            .history(&command)
+            .await
+            .map_err(journal_status)?;
         Ok(Response::new(proto::GetOperationHistoryResponse {
             events: events.iter().map(convert::event).collect(),
             next_page_token,

@@ -49,6 +49,20 @@ fn default_namespace(session: &Session) -> String {
         .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
 }
 
+/// The namespace a page shows: the one asked for, or the session's first; `Err` the refusal
+/// when the session may not call `rpc` in it.
+fn page_namespace(
+    session: &Session,
+    asked: Option<String>,
+    rpc: Rpc,
+) -> Result<String, Box<Response>> {
+    let namespace = asked.unwrap_or_else(|| default_namespace(session));
+    match denied(session, rpc, &namespace) {
+        Some(refusal) => Err(Box::new(refusal)),
+        None => Ok(namespace),
+    }
+}
+
 /// The refusal when the session may not call `rpc` in `namespace`, checked as the gRPC
 /// handler checks it; `None` when it may.
 fn denied(session: &Session, rpc: Rpc, namespace: &str) -> Option<Response> {
@@ -133,13 +147,14 @@ pub async fn queue(
     SignedIn(session): SignedIn,
     Query(query): Query<QueueQuery>,
 ) -> Response {
-    let namespace = query
-        .namespace
-        .clone()
-        .unwrap_or_else(|| default_namespace(&session));
-    if let Some(refusal) = denied(&session, Rpc::ListOperationsForReview, &namespace) {
-        return refusal;
-    }
+    let namespace = match page_namespace(
+        &session,
+        query.namespace.clone(),
+        Rpc::ListOperationsForReview,
+    ) {
+        Ok(namespace) => namespace,
+        Err(refusal) => return *refusal,
+    };
     let min_age = match query.min_age.trim() {
         "" => 0,
         text => match text.parse::<u64>() {
@@ -469,13 +484,10 @@ pub async fn search(
     SignedIn(session): SignedIn,
     Query(form): Query<SearchForm>,
 ) -> Response {
-    let namespace = form
-        .namespace
-        .clone()
-        .unwrap_or_else(|| default_namespace(&session));
-    if let Some(refusal) = denied(&session, Rpc::ListOperations, &namespace) {
-        return refusal;
-    }
+    let namespace = match page_namespace(&session, form.namespace.clone(), Rpc::ListOperations) {
+        Ok(namespace) => namespace,
+        Err(refusal) => return *refusal,
+    };
     let mut page = SearchPage::new(&session, &namespace);
     let query = form.q.trim();
     if !form.by.is_empty() {
