@@ -149,6 +149,26 @@ pub fn caller<T>(request: &Request<T>, rpc: Rpc) -> Result<Caller, Status> {
     Ok(caller)
 }
 
+/// The command of an authorized call: checks the caller's role for `rpc` ([`caller`]),
+/// converts the request into its command (`api::convert`), and checks the caller may touch
+/// the command's namespace, as `namespace` finds it ([`check_namespace`]).
+///
+/// Errors: those of [`caller`] and [`check_namespace`]; `INVALID_ARGUMENT` (with its reason)
+/// for a request that does not convert.
+pub fn command<R, C>(
+    request: Request<R>,
+    rpc: Rpc,
+    namespace: impl FnOnce(&C) -> &Namespace,
+) -> Result<C, Status>
+where
+    C: TryFrom<R, Error = JournalError>,
+{
+    let caller = caller(&request, rpc)?;
+    let command = C::try_from(request.into_inner()).map_err(journal_status)?;
+    check_namespace(&caller, namespace(&command))?;
+    Ok(command)
+}
+
 /// Checks that `caller` may touch `namespace`: the request's, or for a lease holder's call,
 /// the one inside its lease token (never any the request claims besides).
 ///

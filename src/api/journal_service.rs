@@ -92,9 +92,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::CompleteOperationRequest>,
     ) -> Result<Response<proto::CompleteOperationResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::CompleteOperation)?;
-        let command = Complete::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &command.token.namespace)?;
+        let command = auth::command(request, Rpc::CompleteOperation, |c: &Complete| {
+            &c.token.namespace
+        })?;
         let record = self
             .journal
             .complete(command)
@@ -109,9 +109,7 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::FailOperationRequest>,
     ) -> Result<Response<proto::FailOperationResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::FailOperation)?;
-        let command = Fail::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &command.token.namespace)?;
+        let command = auth::command(request, Rpc::FailOperation, |c: &Fail| &c.token.namespace)?;
         let record = self.journal.fail(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::FailOperationResponse {
             operation: Some(convert::operation(&record)),
@@ -122,9 +120,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::ReportUnknownOutcomeRequest>,
     ) -> Result<Response<proto::ReportUnknownOutcomeResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::ReportUnknownOutcome)?;
-        let command = ReportUnknown::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &command.token.namespace)?;
+        let command = auth::command(request, Rpc::ReportUnknownOutcome, |c: &ReportUnknown| {
+            &c.token.namespace
+        })?;
         let record = self
             .journal
             .report_unknown(command)
@@ -139,9 +137,7 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::RenewLeaseRequest>,
     ) -> Result<Response<proto::RenewLeaseResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::RenewLease)?;
-        let command = Renew::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &command.token.namespace)?;
+        let command = auth::command(request, Rpc::RenewLease, |c: &Renew| &c.token.namespace)?;
         let record = self.journal.renew(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::RenewLeaseResponse {
             operation: Some(convert::operation(&record)),
@@ -152,9 +148,7 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::GetOperationRequest>,
     ) -> Result<Response<proto::GetOperationResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::GetOperation)?;
-        let operation = OperationRef::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &operation.namespace)?;
+        let operation = auth::command(request, Rpc::GetOperation, |c: &OperationRef| &c.namespace)?;
         let record = self.journal.get(&operation).await.map_err(journal_status)?;
         Ok(Response::new(proto::GetOperationResponse {
             operation: Some(convert::operation(&record)),
@@ -165,9 +159,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::DeriveOperationKeyRequest>,
     ) -> Result<Response<proto::DeriveOperationKeyResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::DeriveOperationKey)?;
-        let command = DeriveKey::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &command.namespace)?;
+        let command = auth::command(request, Rpc::DeriveOperationKey, |c: &DeriveKey| {
+            &c.namespace
+        })?;
         let key = self.journal.derive_key(&command).map_err(journal_status)?;
         Ok(Response::new(proto::DeriveOperationKeyResponse {
             operation_key: key.to_string(),
@@ -178,9 +172,9 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::ListOperationsRequest>,
     ) -> Result<Response<proto::ListOperationsResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::ListOperations)?;
-        let command = ListOperations::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &command.namespace)?;
+        let command = auth::command(request, Rpc::ListOperations, |c: &ListOperations| {
+            &c.namespace
+        })?;
         let (records, next_page_token) =
             self.journal.list(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::ListOperationsResponse {

@@ -164,23 +164,7 @@ pub async fn serve_with_health(
         .max_decoding_message_size(SMALL_REQUEST_BYTES);
 
     let reload_stop = shutdown.clone();
-    let stop_reporter = reporter.clone();
-    let drain_delay = options.drain_delay;
-    let stopped = async move {
-        shutdown.cancelled().await;
-        set_all(&stop_reporter, ServingStatus::NotServing).await;
-        stop_reporter
-            .set_service_status(LIVENESS, ServingStatus::NotServing)
-            .await;
-        stop_reporter
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        tracing::info!(
-            drain_delay_ms = drain_delay.as_millis() as u64,
-            "shutting down: draining"
-        );
-        tokio::time::sleep(drain_delay).await;
-    };
+    let stopped = drained(shutdown, reporter.clone(), options.drain_delay);
 
     let journal = JournalService::new(journal)
         .into_server()
@@ -188,24 +172,8 @@ pub async fn serve_with_health(
     let reconciler = ReconcilerService::new(reconciler)
         .into_server()
         .max_decoding_message_size(options.max_message_bytes);
-    let health_only = health_listener.map(|listener| {
-        let stop = CancellationToken::new();
-        // The same transport limits, with budgets of its own: a flood on the journal's port
-        // never takes the probes' places here.
-        let transport = options.limits.health_only();
-        let server = transport
-            .apply(tonic::transport::Server::builder())
-            .layer(limits::AdmissionLayer::new(
-                &transport,
-                Authenticator::disabled(),
-            ))
-            .add_service(health.clone())
-            .serve_with_incoming_shutdown(
-                limits::incoming(listener, &transport),
-                stop.clone().cancelled_owned(),
-            );
-        (stop, tokio::spawn(server))
-    });
+    let health_only = health_listener
+        .map(|listener| HealthOnly::spawn(listener, &options.limits, health.clone()));
     let router = builder
         .add_service(health)
         .add_service(reflection_v1)
@@ -225,18 +193,76 @@ pub async fn serve_with_health(
         None => router.serve_with_incoming_shutdown(accepted, stopped).await,
     };
     readiness.abort();
-    if let Some((stop, mut server)) = health_only {
-        stop.cancel();
-        // A client watching health would hold a graceful stop open for ever.
-        match tokio::time::timeout(HEALTH_STOP_TIMEOUT, &mut server).await {
-            Ok(Ok(Err(error))) => tracing::warn!(%error, "the health listener failed"),
-            Ok(Err(error)) => tracing::warn!(%error, "the health listener failed"),
-            Ok(Ok(Ok(()))) => {}
-            Err(_) => server.abort(),
-        }
+    if let Some(health_only) = health_only {
+        health_only.stop().await;
     }
     result?;
     Ok(())
+}
+
+/// Resolves once `shutdown` is cancelled, every health entry is `NOT_SERVING` and
+/// `drain_delay` has passed (so that balancers see it before the listener closes).
+async fn drained(shutdown: CancellationToken, reporter: HealthReporter, drain_delay: Duration) {
+    shutdown.cancelled().await;
+    set_all(&reporter, ServingStatus::NotServing).await;
+    reporter
+        .set_service_status(LIVENESS, ServingStatus::NotServing)
+        .await;
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    tracing::info!(
+        drain_delay_ms = drain_delay.as_millis() as u64,
+        "shutting down: draining"
+    );
+    tokio::time::sleep(drain_delay).await;
+}
+
+/// The health-only listener: gRPC health in plaintext, served until [`HealthOnly::stop`].
+struct HealthOnly {
+    stop: CancellationToken,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl HealthOnly {
+    /// Serves `health` on `listener` under the health-only form of `journal_limits`.
+    fn spawn<H: tonic_health::pb::health_server::Health>(
+        listener: TcpListener,
+        journal_limits: &TransportLimits,
+        health: tonic_health::pb::health_server::HealthServer<H>,
+    ) -> Self {
+        let stop = CancellationToken::new();
+        // The same transport limits, with budgets of its own: a flood on the journal's port
+        // never takes the probes' places here.
+        let transport = journal_limits.health_only();
+        let server = transport
+            .apply(tonic::transport::Server::builder())
+            .layer(limits::AdmissionLayer::new(
+                &transport,
+                Authenticator::disabled(),
+            ))
+            .add_service(health)
+            .serve_with_incoming_shutdown(
+                limits::incoming(listener, &transport),
+                stop.clone().cancelled_owned(),
+            );
+        Self {
+            stop,
+            server: tokio::spawn(server),
+        }
+    }
+
+    /// Stops the listener, waiting at most [`HEALTH_STOP_TIMEOUT`].
+    async fn stop(mut self) {
+        self.stop.cancel();
+        // A client watching health would hold a graceful stop open for ever.
+        match tokio::time::timeout(HEALTH_STOP_TIMEOUT, &mut self.server).await {
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "the health listener failed"),
+            Ok(Err(error)) => tracing::warn!(%error, "the health listener failed"),
+            Ok(Ok(Ok(()))) => {}
+            Err(_) => self.server.abort(),
+        }
+    }
 }
 
 async fn set_all(reporter: &HealthReporter, status: ServingStatus) {

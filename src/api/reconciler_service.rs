@@ -39,9 +39,9 @@ impl ReconcilerRpc for ReconcilerService {
         &self,
         request: Request<proto::ReconcileOperationRequest>,
     ) -> Result<Response<proto::ReconcileOperationResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::ReconcileOperation)?;
-        let operation = OperationRef::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &operation.namespace)?;
+        let operation = auth::command(request, Rpc::ReconcileOperation, |c: &OperationRef| {
+            &c.namespace
+        })?;
         let report = self
             .reconciler
             .reconcile_now(&operation)
@@ -65,9 +65,9 @@ impl ReconcilerRpc for ReconcilerService {
         &self,
         request: Request<proto::ListOperationsForReviewRequest>,
     ) -> Result<Response<proto::ListOperationsForReviewResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::ListOperationsForReview)?;
-        let command = ReviewQueue::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &command.namespace)?;
+        let command = auth::command(request, Rpc::ListOperationsForReview, |c: &ReviewQueue| {
+            &c.namespace
+        })?;
         let (records, next_page_token) = self
             .reconciler
             .list_for_review(&command)
@@ -104,9 +104,9 @@ impl ReconcilerRpc for ReconcilerService {
         &self,
         request: Request<proto::GetOperationHistoryRequest>,
     ) -> Result<Response<proto::GetOperationHistoryResponse>, Status> {
-        let caller = auth::caller(&request, Rpc::GetOperationHistory)?;
-        let command = History::try_from(request.into_inner()).map_err(journal_status)?;
-        check_namespace(&caller, &command.operation.namespace)?;
+        let command = auth::command(request, Rpc::GetOperationHistory, |c: &History| {
+            &c.operation.namespace
+        })?;
         let (events, next_page_token) = self
             .reconciler
             .history(&command)

@@ -66,7 +66,7 @@ pub enum StartError {
     /// The reconcile worker's settings do not fit the policy (a claim hold shorter than
     /// twice the longest lookup timeout).
     #[error("configuration: {0}")]
-    Worker(String),
+    Worker(#[from] crate::reconcile::adapter::SetupError),
 }
 
 /// Checks the configuration `opjournal check-config` reads, as a start would: the policy

@@ -54,6 +54,20 @@ pub struct AdapterSet {
     adapters: BTreeMap<String, AdapterEntry>,
 }
 
+/// A reconcile component (adapter, webhook client, worker) refused at start: the message names
+/// the refused setting and why. No caller tells the cases apart: they are reported and the
+/// process does not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SetupError(pub String);
+
+impl SetupError {
+    /// `setting` refused because of `why`.
+    pub fn setting(setting: impl std::fmt::Display, why: impl std::fmt::Display) -> Self {
+        Self(format!("{setting}: {why}"))
+    }
+}
+
 /// An adapter that cannot be built (e.g. a header's environment variable is not set).
 #[derive(Debug, thiserror::Error)]
 #[error("adapters.{adapter}: {message}")]
@@ -71,9 +85,9 @@ impl AdapterSet {
     pub fn from_policy(policy: &Policy) -> Result<Self, AdapterError> {
         let mut adapters = BTreeMap::new();
         for (name, config) in &policy.adapters {
-            let error = |message| AdapterError {
+            let error = |e: SetupError| AdapterError {
                 adapter: name.clone(),
-                message,
+                message: e.0,
             };
             let adapter = match config {
                 AdapterConfig::Http(http) => AdapterEntry::Lookup(Arc::new(
@@ -152,32 +166,36 @@ impl HttpAdapter {
     ///
     /// Errors: a message naming the refused setting (the same checks as the policy file's,
     /// see [`crate::domain::policy::validate_http`]), the missing variable or the bad header.
-    pub fn new(config: HttpAdapterConfig) -> Result<Self, String> {
+    pub fn new(config: HttpAdapterConfig) -> Result<Self, SetupError> {
         install_crypto_provider();
         crate::domain::policy::validate_http(&config)
-            .map_err(|(setting, message)| format!("{setting}: {message}"))?;
+            .map_err(|(setting, message)| SetupError::setting(setting, message))?;
         let origin = reqwest::Url::parse(&config.url.replace("{provider_key}", KEY_MARKER))
-            .map_err(|_| "url: is not a valid URL".to_owned())?;
+            .map_err(|_| SetupError::setting("url", "is not a valid URL"))?;
         // What every lookup URL starts with: the template up to the key, as parsed.
         let prefix = origin
             .as_str()
             .find(KEY_MARKER)
             .map(|at| origin.as_str()[..at].to_owned())
-            .ok_or_else(|| "url: {provider_key} does not reach the URL".to_owned())?;
+            .ok_or_else(|| SetupError::setting("url", "{provider_key} does not reach the URL"))?;
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, source) in &config.headers {
             let value = std::env::var(&source.env).map_err(|_| {
-                format!(
-                    "headers.{name}: environment variable {} is not set",
-                    source.env
+                SetupError::setting(
+                    format_args!("headers.{name}"),
+                    format_args!("environment variable {} is not set", source.env),
                 )
             })?;
-            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| format!("headers.{name}: not a valid header name"))?;
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                SetupError::setting(format_args!("headers.{name}"), "not a valid header name")
+            })?;
             let mut value =
                 reqwest::header::HeaderValue::from_str(&format!("{}{value}", source.prefix))
                     .map_err(|_| {
-                        format!("headers.{name}: the value is not a valid header value")
+                        SetupError::setting(
+                            format_args!("headers.{name}"),
+                            "the value is not a valid header value",
+                        )
                     })?;
             value.set_sensitive(true);
             headers.insert(name, value);
@@ -191,7 +209,7 @@ impl HttpAdapter {
             // provider.
             .no_proxy()
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            .map_err(|e| SetupError(format!("cannot build the HTTP client: {e}")))?;
         Ok(Self {
             config,
             client,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tonic::transport::{Channel, Endpoint};
 
-use super::adapter::{LookupRequest, Observation, ProviderAdapter};
+use super::adapter::{LookupRequest, Observation, ProviderAdapter, SetupError};
 use crate::domain::canonical::{self, Limits};
 use crate::domain::policy::GrpcAdapterConfig;
 use crate::proto::provider_adapter_client::ProviderAdapterClient;
@@ -25,10 +25,10 @@ impl GrpcAdapter {
     /// Builds the adapter; connects lazily, so the adapter may start after the worker.
     ///
     /// Errors: the endpoint is not a valid URI.
-    pub fn new(config: &GrpcAdapterConfig) -> Result<Self, String> {
+    pub fn new(config: &GrpcAdapterConfig) -> Result<Self, SetupError> {
         let timeout = Duration::from_secs_f64(config.timeout_seconds);
         let channel = Endpoint::from_shared(config.endpoint.clone())
-            .map_err(|e| format!("endpoint: {e}"))?
+            .map_err(|e| SetupError::setting("endpoint", e))?
             .connect_timeout(timeout)
             .timeout(timeout)
             .connect_lazy();

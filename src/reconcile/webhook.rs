@@ -19,6 +19,7 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
+use super::adapter::SetupError;
 use super::poll::{Rounds, poll_until};
 use crate::domain::escalation::{AfterFailure, RetrySchedule, WebhookSecret};
 use crate::store::{DeliveryOutcome, JournalStore, OutboxEntry, StoreError};
@@ -80,7 +81,7 @@ impl WebhookDelivery {
         store: Arc<dyn JournalStore>,
         config: WebhookConfig,
         metrics: Metrics,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SetupError> {
         super::adapter::install_crypto_provider();
         let client = reqwest::Client::builder()
             .timeout(config.timeout)
@@ -88,7 +89,7 @@ impl WebhookDelivery {
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("opjournal/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| format!("cannot build the webhook HTTP client: {e}"))?;
+            .map_err(|e| SetupError(format!("cannot build the webhook HTTP client: {e}")))?;
         Ok(Self {
             store,
             client,

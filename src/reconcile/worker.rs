@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::adapter::SetupError;
 use super::poll::{Rounds, poll_until};
 use super::{ReconcileAction, Reconciler};
 use crate::store::{JournalStore, StoreError};
@@ -108,14 +109,19 @@ impl Worker {
     /// that a claimed operation is never claimed again while its lookup runs.
     ///
     /// Errors: a message naming `reconcile_claim_hold_seconds`.
-    pub fn check_claim_hold(&self, policy: &crate::domain::policy::Policy) -> Result<(), String> {
+    pub fn check_claim_hold(
+        &self,
+        policy: &crate::domain::policy::Policy,
+    ) -> Result<(), SetupError> {
         let needed = policy.longest_lookup_timeout() * 2;
         if self.config.claim_hold < needed {
-            return Err(format!(
-                "reconcile_claim_hold_seconds: {} s is shorter than twice the slowest adapter \
-                 timeout ({} s)",
-                self.config.claim_hold.as_secs_f64(),
-                needed.as_secs_f64()
+            return Err(SetupError::setting(
+                "reconcile_claim_hold_seconds",
+                format_args!(
+                    "{} s is shorter than twice the slowest adapter timeout ({} s)",
+                    self.config.claim_hold.as_secs_f64(),
+                    needed.as_secs_f64()
+                ),
             ));
         }
         Ok(())

@@ -42,12 +42,24 @@ struct Instruments {
     reconcile_outcomes: Counter<u64>,
     lookup_duration: Histogram<f64>,
     store_errors: Counter<u64>,
-    backlog: Arc<Mutex<Option<BacklogSample>>>,
+    backlog: BacklogGauges,
     webhook_deliveries: Counter<u64>,
-    outbox: Arc<Mutex<Option<(OutboxStats, Instant)>>>,
-    _outbox_pending: ObservableGauge<u64>,
-    _outbox_oldest: ObservableGauge<f64>,
-    _outbox_dead: ObservableGauge<u64>,
+    outbox: OutboxGauges,
+}
+
+/// The latest outbox sample and the gauges reading it (kept alive so their callbacks stay
+/// registered).
+struct OutboxGauges {
+    sample: OutboxCell,
+    _pending: ObservableGauge<u64>,
+    _oldest: ObservableGauge<f64>,
+    _dead: ObservableGauge<u64>,
+}
+
+/// The latest backlog sample and the gauges reading it (kept alive so their callbacks stay
+/// registered).
+struct BacklogGauges {
+    sample: BacklogCell,
     _unknown: ObservableGauge<u64>,
     _oldest_unknown: ObservableGauge<f64>,
     _review_queue: ObservableGauge<u64>,
@@ -55,6 +67,11 @@ struct Instruments {
     _overdue: ObservableGauge<u64>,
     _most_overdue: ObservableGauge<f64>,
 }
+
+/// The latest outbox reading and when it was taken.
+type OutboxCell = Arc<Mutex<Option<(OutboxStats, Instant)>>>;
+/// The latest backlog reading.
+type BacklogCell = Arc<Mutex<Option<BacklogSample>>>;
 
 /// The latest backlog reading and when it was taken.
 #[derive(Debug, Clone, Copy)]
@@ -71,6 +88,184 @@ impl BacklogSample {
             .unwrap_or_default()
             .as_secs_f64()
     }
+}
+
+/// A `u64` counter named `name` with `unit` and `description`.
+fn counter(
+    meter: &Meter,
+    name: &'static str,
+    unit: &'static str,
+    description: &'static str,
+) -> Counter<u64> {
+    meter
+        .u64_counter(name)
+        .with_unit(unit)
+        .with_description(description)
+        .build()
+}
+
+/// A histogram of durations in seconds over [`DURATION_BUCKETS`].
+fn duration_histogram(
+    meter: &Meter,
+    name: &'static str,
+    description: &'static str,
+) -> Histogram<f64> {
+    meter
+        .f64_histogram(name)
+        .with_unit("s")
+        .with_description(description)
+        .with_boundaries(DURATION_BUCKETS.to_vec())
+        .build()
+}
+
+impl OutboxGauges {
+    /// Registers the outbox gauges, each reading the latest sample.
+    fn new(meter: &Meter) -> Self {
+        let outbox = OutboxCell::default();
+        let read = || {
+            let outbox = outbox.clone();
+            move || *outbox.lock().unwrap_or_else(PoisonError::into_inner)
+        };
+        let (pending, oldest_pending, dead) = (read(), read(), read());
+        Self {
+            sample: outbox,
+            _pending: meter
+                .u64_observable_gauge("opjournal.webhook.outbox.pending")
+                .with_unit("{event}")
+                .with_description("Escalation events not yet delivered (sampled)")
+                .with_callback(move |gauge| {
+                    if let Some((stats, _)) = pending() {
+                        gauge.observe(stats.pending, &[]);
+                    }
+                })
+                .build(),
+            _oldest: meter
+                .f64_observable_gauge("opjournal.webhook.outbox.oldest_age")
+                .with_unit("s")
+                .with_description(
+                    "How long the oldest undelivered escalation event has waited; 0 when \
+                     none does",
+                )
+                .with_callback(move |gauge| {
+                    if let Some((stats, taken)) = oldest_pending() {
+                        let age = stats
+                            .oldest_pending_age
+                            .map(|age| age + taken.elapsed())
+                            .unwrap_or_default();
+                        gauge.observe(age.as_secs_f64(), &[]);
+                    }
+                })
+                .build(),
+            _dead: meter
+                .u64_observable_gauge("opjournal.webhook.outbox.dead")
+                .with_unit("{event}")
+                .with_description(
+                    "Escalation events given up on after their max age, still kept (sampled)",
+                )
+                .with_callback(move |gauge| {
+                    if let Some((stats, _)) = dead() {
+                        gauge.observe(stats.dead, &[]);
+                    }
+                })
+                .build(),
+        }
+    }
+}
+
+impl BacklogGauges {
+    /// Registers the backlog gauges, each reading one figure of the latest sample.
+    fn new(meter: &Meter) -> Self {
+        let backlog = BacklogCell::default();
+        let read = |figure: fn(&BacklogSample) -> u64| {
+            let backlog = backlog.clone();
+            move || (*backlog.lock().unwrap_or_else(PoisonError::into_inner)).map(|s| figure(&s))
+        };
+        let age = |figure: fn(&BacklogSample) -> f64| {
+            let backlog = backlog.clone();
+            move || (*backlog.lock().unwrap_or_else(PoisonError::into_inner)).map(|s| figure(&s))
+        };
+        Self {
+            _unknown: count_gauge(
+                meter,
+                "opjournal.unknown.operations",
+                "Operations whose outcome is unknown, those waiting for review included \
+                 (sampled)",
+                read(|s| s.stats.unknown),
+            ),
+            _oldest_unknown: age_gauge(
+                meter,
+                "opjournal.unknown.oldest_age",
+                "How long the oldest unknown operation has been unknown; 0 when none is",
+                age(|s| s.age(s.stats.oldest_unknown_age)),
+            ),
+            _review_queue: count_gauge(
+                meter,
+                "opjournal.review.queue.size",
+                "Operations waiting for human review (sampled)",
+                read(|s| s.stats.review_queue),
+            ),
+            _oldest_review: age_gauge(
+                meter,
+                "opjournal.review.oldest_age",
+                "How long the operation longest in the review queue has waited for a \
+                 reviewer; 0 when the queue is empty",
+                age(|s| s.age(s.stats.oldest_review_age)),
+            ),
+            _overdue: count_gauge(
+                meter,
+                "opjournal.unknown.overdue.operations",
+                "Unknown operations not waiting for review whose action's \
+                 unknown_after_seconds has passed (sampled)",
+                read(|s| s.stats.overdue),
+            ),
+            _most_overdue: age_gauge(
+                meter,
+                "opjournal.unknown.overdue.max",
+                "How far past its action's unknown_after_seconds the most overdue \
+                 unknown operation not waiting for review is; 0 when none is",
+                age(|s| s.age(s.stats.most_overdue)),
+            ),
+            sample: backlog,
+        }
+    }
+}
+
+/// A gauge of operations (`{operation}`) observing what `read` returns, when it returns one.
+fn count_gauge(
+    meter: &Meter,
+    name: &'static str,
+    description: &'static str,
+    read: impl Fn() -> Option<u64> + Send + Sync + 'static,
+) -> ObservableGauge<u64> {
+    meter
+        .u64_observable_gauge(name)
+        .with_unit("{operation}")
+        .with_description(description)
+        .with_callback(move |gauge| {
+            if let Some(value) = read() {
+                gauge.observe(value, &[]);
+            }
+        })
+        .build()
+}
+
+/// A gauge of an age in seconds observing what `read` returns, when it returns one.
+fn age_gauge(
+    meter: &Meter,
+    name: &'static str,
+    description: &'static str,
+    read: impl Fn() -> Option<f64> + Send + Sync + 'static,
+) -> ObservableGauge<f64> {
+    meter
+        .f64_observable_gauge(name)
+        .with_unit("s")
+        .with_description(description)
+        .with_callback(move |gauge| {
+            if let Some(value) = read() {
+                gauge.observe(value, &[]);
+            }
+        })
+        .build()
 }
 
 impl std::fmt::Debug for Metrics {
@@ -93,207 +288,70 @@ impl Metrics {
 
     /// Creates every instrument on `meter`.
     pub fn new(meter: &Meter) -> Self {
-        let backlog: Arc<Mutex<Option<BacklogSample>>> = Arc::default();
-        let read = |backlog: &Arc<Mutex<Option<BacklogSample>>>| {
-            let backlog = backlog.clone();
-            move || *backlog.lock().unwrap_or_else(PoisonError::into_inner)
-        };
-        let unknown = read(&backlog);
-        let oldest = read(&backlog);
-        let review = read(&backlog);
-        let oldest_review = read(&backlog);
-        let overdue = read(&backlog);
-        let most_overdue = read(&backlog);
-        let outbox: Arc<Mutex<Option<(OutboxStats, Instant)>>> = Arc::default();
-        let read_outbox = || {
-            let outbox = outbox.clone();
-            move || *outbox.lock().unwrap_or_else(PoisonError::into_inner)
-        };
-        let (pending, oldest_pending, dead) = (read_outbox(), read_outbox(), read_outbox());
         Self {
             inner: Arc::new(Instruments {
-                webhook_deliveries: meter
-                    .u64_counter("opjournal.webhook.deliveries")
-                    .with_unit("{delivery}")
-                    .with_description(
-                        "Escalation webhook delivery attempts, by outcome (delivered, failed, \
-                         dead)",
-                    )
-                    .build(),
-                _outbox_pending: meter
-                    .u64_observable_gauge("opjournal.webhook.outbox.pending")
-                    .with_unit("{event}")
-                    .with_description("Escalation events not yet delivered (sampled)")
-                    .with_callback(move |gauge| {
-                        if let Some((stats, _)) = pending() {
-                            gauge.observe(stats.pending, &[]);
-                        }
-                    })
-                    .build(),
-                _outbox_oldest: meter
-                    .f64_observable_gauge("opjournal.webhook.outbox.oldest_age")
-                    .with_unit("s")
-                    .with_description(
-                        "How long the oldest undelivered escalation event has waited; 0 when \
-                         none does",
-                    )
-                    .with_callback(move |gauge| {
-                        if let Some((stats, taken)) = oldest_pending() {
-                            let age = stats
-                                .oldest_pending_age
-                                .map(|age| age + taken.elapsed())
-                                .unwrap_or_default();
-                            gauge.observe(age.as_secs_f64(), &[]);
-                        }
-                    })
-                    .build(),
-                _outbox_dead: meter
-                    .u64_observable_gauge("opjournal.webhook.outbox.dead")
-                    .with_unit("{event}")
-                    .with_description(
-                        "Escalation events given up on after their max age, still kept (sampled)",
-                    )
-                    .with_callback(move |gauge| {
-                        if let Some((stats, _)) = dead() {
-                            gauge.observe(stats.dead, &[]);
-                        }
-                    })
-                    .build(),
-                outbox,
-                rpc_duration: meter
-                    .f64_histogram("rpc.server.call.duration")
-                    .with_unit("s")
-                    .with_description("Duration of gRPC calls the server answered")
-                    .with_boundaries(DURATION_BUCKETS.to_vec())
-                    .build(),
-                begin_decisions: meter
-                    .u64_counter("opjournal.begin.decisions")
-                    .with_unit("{decision}")
-                    .with_description("BeginOperation answers, by decision")
-                    .build(),
-                conflicts: meter
-                    .u64_counter("opjournal.conflicts")
-                    .with_unit("{conflict}")
-                    .with_description(
-                        "Calls refused because the journal holds another state than the caller \
-                         assumed, by ErrorInfo reason",
-                    )
-                    .build(),
-                transitions: meter
-                    .u64_counter("opjournal.operation.transitions")
-                    .with_unit("{transition}")
-                    .with_description(
-                        "Status transitions made by this process, by from and to status",
-                    )
-                    .build(),
-                lease_expiries: meter
-                    .u64_counter("opjournal.lease.expiries")
-                    .with_unit("{lease}")
-                    .with_description(
-                        "Leases that ended without a report: swept to unknown by the worker, \
-                         or taken over by a Begin",
-                    )
-                    .build(),
-                duplicate_intents: meter
-                    .u64_counter("opjournal.duplicate_intents")
-                    .with_unit("{begin}")
-                    .with_description(
-                        "Begins with a new key for a request already registered, by what was done",
-                    )
-                    .build(),
-                reconcile_outcomes: meter
-                    .u64_counter("opjournal.reconcile.outcomes")
-                    .with_unit("{attempt}")
-                    .with_description("Reconcile attempts, by provider adapter and outcome")
-                    .build(),
-                lookup_duration: meter
-                    .f64_histogram("opjournal.reconcile.lookup.duration")
-                    .with_unit("s")
-                    .with_description(
-                        "Duration of provider lookups, by provider adapter and observation",
-                    )
-                    .with_boundaries(DURATION_BUCKETS.to_vec())
-                    .build(),
-                store_errors: meter
-                    .u64_counter("opjournal.store.errors")
-                    .with_unit("{error}")
-                    .with_description("Failed store calls, by store operation and error type")
-                    .build(),
-                _unknown: meter
-                    .u64_observable_gauge("opjournal.unknown.operations")
-                    .with_unit("{operation}")
-                    .with_description(
-                        "Operations whose outcome is unknown, those waiting for review included \
-                         (sampled)",
-                    )
-                    .with_callback(move |gauge| {
-                        if let Some(sample) = unknown() {
-                            gauge.observe(sample.stats.unknown, &[]);
-                        }
-                    })
-                    .build(),
-                _oldest_unknown: meter
-                    .f64_observable_gauge("opjournal.unknown.oldest_age")
-                    .with_unit("s")
-                    .with_description(
-                        "How long the oldest unknown operation has been unknown; 0 when none is",
-                    )
-                    .with_callback(move |gauge| {
-                        if let Some(sample) = oldest() {
-                            gauge.observe(sample.age(sample.stats.oldest_unknown_age), &[]);
-                        }
-                    })
-                    .build(),
-                _review_queue: meter
-                    .u64_observable_gauge("opjournal.review.queue.size")
-                    .with_unit("{operation}")
-                    .with_description("Operations waiting for human review (sampled)")
-                    .with_callback(move |gauge| {
-                        if let Some(sample) = review() {
-                            gauge.observe(sample.stats.review_queue, &[]);
-                        }
-                    })
-                    .build(),
-                _oldest_review: meter
-                    .f64_observable_gauge("opjournal.review.oldest_age")
-                    .with_unit("s")
-                    .with_description(
-                        "How long the operation longest in the review queue has waited for a \
-                         reviewer; 0 when the queue is empty",
-                    )
-                    .with_callback(move |gauge| {
-                        if let Some(sample) = oldest_review() {
-                            gauge.observe(sample.age(sample.stats.oldest_review_age), &[]);
-                        }
-                    })
-                    .build(),
-                _overdue: meter
-                    .u64_observable_gauge("opjournal.unknown.overdue.operations")
-                    .with_unit("{operation}")
-                    .with_description(
-                        "Unknown operations not waiting for review whose action's \
-                         unknown_after_seconds has passed (sampled)",
-                    )
-                    .with_callback(move |gauge| {
-                        if let Some(sample) = overdue() {
-                            gauge.observe(sample.stats.overdue, &[]);
-                        }
-                    })
-                    .build(),
-                _most_overdue: meter
-                    .f64_observable_gauge("opjournal.unknown.overdue.max")
-                    .with_unit("s")
-                    .with_description(
-                        "How far past its action's unknown_after_seconds the most overdue \
-                         unknown operation not waiting for review is; 0 when none is",
-                    )
-                    .with_callback(move |gauge| {
-                        if let Some(sample) = most_overdue() {
-                            gauge.observe(sample.age(sample.stats.most_overdue), &[]);
-                        }
-                    })
-                    .build(),
-                backlog,
+                webhook_deliveries: counter(
+                    meter,
+                    "opjournal.webhook.deliveries",
+                    "{delivery}",
+                    "Escalation webhook delivery attempts, by outcome (delivered, failed, dead)",
+                ),
+                outbox: OutboxGauges::new(meter),
+                rpc_duration: duration_histogram(
+                    meter,
+                    "rpc.server.call.duration",
+                    "Duration of gRPC calls the server answered",
+                ),
+                begin_decisions: counter(
+                    meter,
+                    "opjournal.begin.decisions",
+                    "{decision}",
+                    "BeginOperation answers, by decision",
+                ),
+                conflicts: counter(
+                    meter,
+                    "opjournal.conflicts",
+                    "{conflict}",
+                    "Calls refused because the journal holds another state than the caller \
+                     assumed, by ErrorInfo reason",
+                ),
+                transitions: counter(
+                    meter,
+                    "opjournal.operation.transitions",
+                    "{transition}",
+                    "Status transitions made by this process, by from and to status",
+                ),
+                lease_expiries: counter(
+                    meter,
+                    "opjournal.lease.expiries",
+                    "{lease}",
+                    "Leases that ended without a report: swept to unknown by the worker, \
+                     or taken over by a Begin",
+                ),
+                duplicate_intents: counter(
+                    meter,
+                    "opjournal.duplicate_intents",
+                    "{begin}",
+                    "Begins with a new key for a request already registered, by what was done",
+                ),
+                reconcile_outcomes: counter(
+                    meter,
+                    "opjournal.reconcile.outcomes",
+                    "{attempt}",
+                    "Reconcile attempts, by provider adapter and outcome",
+                ),
+                lookup_duration: duration_histogram(
+                    meter,
+                    "opjournal.reconcile.lookup.duration",
+                    "Duration of provider lookups, by provider adapter and observation",
+                ),
+                store_errors: counter(
+                    meter,
+                    "opjournal.store.errors",
+                    "{error}",
+                    "Failed store calls, by store operation and error type",
+                ),
+                backlog: BacklogGauges::new(meter),
             }),
         }
     }
@@ -411,6 +469,7 @@ impl Metrics {
         *self
             .inner
             .outbox
+            .sample
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = stats.map(|s| (s, Instant::now()));
     }
@@ -431,6 +490,7 @@ impl Metrics {
         *self
             .inner
             .backlog
+            .sample
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = sample;
         result.map(|_| ())

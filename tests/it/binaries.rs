@@ -125,7 +125,10 @@ async fn the_server_binary_serves_and_stops_on_sigterm(pool: PgPool) {
     let (child, address) = start_logging(
         env!("CARGO_BIN_EXE_opjournal"),
         &args,
-        &[("RUST_LOG", "info"), ("OPJOURNAL_TELEMETRY__LOG_FORMAT", "json")],
+        &[
+            ("RUST_LOG", "info"),
+            ("OPJOURNAL_TELEMETRY__LOG_FORMAT", "json"),
+        ],
         Stdio::from(log.reopen().unwrap()),
         "opjournal listening on",
     )

@@ -207,45 +207,26 @@ const TOP_LEVEL: &[&str] = &[
     "adapters",
 ];
 
-/// Parses and validates a policy; see [`Policy::parse`].
-pub(super) fn parse(text: &str, file: &str) -> Result<Policy, PolicyError> {
-    parse_with_warnings(text, file).map(|(policy, _)| policy)
-}
-
-/// Parses and validates a policy, with its warnings (see [`Policy::warnings`]), each with
-/// its line and setting.
-pub(super) fn parse_with_warnings(
-    text: &str,
-    file: &str,
-) -> Result<(Policy, Vec<PolicyProblem>), PolicyError> {
-    let root: Node = serde_saphyr::from_str(text)
-        .map_err(|e| PolicyError::single(file, None, "", e.to_string()))?;
-    let mut problems = Vec::new();
-    if !matches!(root.kind, Kind::Map(_)) {
-        problems.push(PolicyProblem {
-            line: Some(root.line),
-            setting: String::new(),
-            message: "the policy must be a mapping with actions and adapters".into(),
-        });
-    }
-    // Type each entry on its own, so one bad entry does not hide the others.
+/// Types each top-level entry of `root` on its own, so one bad entry does not hide the
+/// others; unknown settings are problems too.
+fn check_entries(root: &Node, problems: &mut Vec<PolicyProblem>) {
     for (key, node) in root.entries() {
         let path = vec![key.clone()];
         match key.as_str() {
             "defaults" | "default_action" => {
-                check_typed(&root, &path, node, key, &mut problems);
+                check_typed(root, &path, node, key, problems);
             }
             "actions" | "tool_policy" | "adapters" => {
                 for (name, entry) in node.entries() {
                     let path = vec![key.clone(), name.clone()];
-                    check_typed(&root, &path, entry, key, &mut problems);
+                    check_typed(root, &path, entry, key, problems);
                 }
                 if !matches!(node.kind, Kind::Map(_)) {
-                    problems.push(problem(&root, &path, "must be a mapping by name".into()));
+                    problems.push(problem(root, &path, "must be a mapping by name".into()));
                 }
             }
             other => problems.push(problem(
-                &root,
+                root,
                 &path,
                 format!(
                     "unknown setting '{other}'; expected one of {}",
@@ -254,8 +235,11 @@ pub(super) fn parse_with_warnings(
             )),
         }
     }
-    // References between entries are checked on the tree too, so that an unknown adapter is
-    // reported together with type errors elsewhere.
+}
+
+/// Checks on the tree that every `reconcile.adapter` of an action names an adapter, so that
+/// an unknown adapter is reported together with type errors elsewhere.
+fn check_adapter_references(root: &Node, problems: &mut Vec<PolicyProblem>) {
     let adapters: Vec<&String> = root
         .child("adapters")
         .map(|(_, node)| node.entries().map(|(name, _)| name).collect())
@@ -280,13 +264,38 @@ pub(super) fn parse_with_warnings(
                     .map(|s| (*s).to_owned())
                     .collect();
                 problems.push(problem(
-                    &root,
+                    root,
                     &path,
                     format!("no adapter named '{adapter}' in adapters"),
                 ));
             }
         }
     }
+}
+
+/// Parses and validates a policy; see [`Policy::parse`].
+pub(super) fn parse(text: &str, file: &str) -> Result<Policy, PolicyError> {
+    parse_with_warnings(text, file).map(|(policy, _)| policy)
+}
+
+/// Parses and validates a policy, with its warnings (see [`Policy::warnings`]), each with
+/// its line and setting.
+pub(super) fn parse_with_warnings(
+    text: &str,
+    file: &str,
+) -> Result<(Policy, Vec<PolicyProblem>), PolicyError> {
+    let root: Node = serde_saphyr::from_str(text)
+        .map_err(|e| PolicyError::single(file, None, "", e.to_string()))?;
+    let mut problems = Vec::new();
+    if !matches!(root.kind, Kind::Map(_)) {
+        problems.push(PolicyProblem {
+            line: Some(root.line),
+            setting: String::new(),
+            message: "the policy must be a mapping with actions and adapters".into(),
+        });
+    }
+    check_entries(&root, &mut problems);
+    check_adapter_references(&root, &mut problems);
     problems.sort_by_key(|p| p.line);
     if root.child("actions").is_some() && root.child("tool_policy").is_some() {
         problems.push(problem(

@@ -49,16 +49,8 @@ pub const MAX_STREAMS: u32 = 32;
 /// How long a stopping console waits for requests in flight.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// Serves `app` on `listener` (over TLS with `tls`) within `limits` until `shutdown`, then
-/// lets requests in flight finish for a few seconds at most. Each request carries its
-/// peer's address as [`ConnectInfo`].
-pub(super) async fn serve(
-    listener: TcpListener,
-    tls: Option<ServerTls>,
-    app: Router,
-    limits: &ConsoleLimits,
-    shutdown: CancellationToken,
-) {
+/// The HTTP connection settings within `limits`: HTTP/1.1 and, over TLS only, HTTP/2.
+fn connection_builder(limits: &ConsoleLimits, tls: bool) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -71,11 +63,20 @@ pub(super) async fn serve(
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS)
         .max_header_list_size(MAX_HEADER_LIST_BYTES);
-    let builder = if tls.is_some() {
-        builder
-    } else {
-        builder.http1_only()
-    };
+    if tls { builder } else { builder.http1_only() }
+}
+
+/// Serves `app` on `listener` (over TLS with `tls`) within `limits` until `shutdown`, then
+/// lets requests in flight finish for a few seconds at most. Each request carries its
+/// peer's address as [`ConnectInfo`].
+pub(super) async fn serve(
+    listener: TcpListener,
+    tls: Option<ServerTls>,
+    app: Router,
+    limits: &ConsoleLimits,
+    shutdown: CancellationToken,
+) {
+    let builder = connection_builder(limits, tls.is_some());
     let tls = tls.map(|tls| tls.with_alpn(&[b"h2", b"http/1.1"]));
     let slots = Arc::new(Slots::new(
         limits.max_connections,

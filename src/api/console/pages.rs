@@ -49,6 +49,20 @@ fn default_namespace(session: &Session) -> String {
         .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
 }
 
+/// The namespace a page shows: the one asked for, or the session's first; `Err` the refusal
+/// when the session may not call `rpc` in it.
+fn page_namespace(
+    session: &Session,
+    asked: Option<String>,
+    rpc: Rpc,
+) -> Result<String, Box<Response>> {
+    let namespace = asked.unwrap_or_else(|| default_namespace(session));
+    match denied(session, rpc, &namespace) {
+        Some(refusal) => Err(Box::new(refusal)),
+        None => Ok(namespace),
+    }
+}
+
 /// The refusal when the session may not call `rpc` in `namespace`, checked as the gRPC
 /// handler checks it; `None` when it may.
 fn denied(session: &Session, rpc: Rpc, namespace: &str) -> Option<Response> {
@@ -133,13 +147,14 @@ pub async fn queue(
     SignedIn(session): SignedIn,
     Query(query): Query<QueueQuery>,
 ) -> Response {
-    let namespace = query
-        .namespace
-        .clone()
-        .unwrap_or_else(|| default_namespace(&session));
-    if let Some(refusal) = denied(&session, Rpc::ListOperationsForReview, &namespace) {
-        return refusal;
-    }
+    let namespace = match page_namespace(
+        &session,
+        query.namespace.clone(),
+        Rpc::ListOperationsForReview,
+    ) {
+        Ok(namespace) => namespace,
+        Err(refusal) => return *refusal,
+    };
     let min_age = match query.min_age.trim() {
         "" => 0,
         text => match text.parse::<u64>() {
@@ -334,6 +349,49 @@ pub struct ResolveForm {
     reason: String,
 }
 
+impl ResolveForm {
+    /// The command, its fields parsed as `ResolveOperation`'s are (`api::convert`).
+    fn command(&self, reviewer: &str, expected: i32) -> Result<Resolve, JournalError> {
+        let operation = OperationRef::new(&self.namespace, &self.key)?;
+        let attribution = Attribution::reviewer(reviewer, self.reason.trim())?;
+        let decision = match self.decision.as_str() {
+            "succeeded" => ReviewDecision::Succeeded {
+                external_id: ExternalId::parse_optional(self.external_id.trim())?,
+                result_json: self.result_json.trim().to_owned(),
+            },
+            "failed_final" => ReviewDecision::failed_final(self.error_code.trim())?,
+            _ => ReviewDecision::ReleaseForRetry,
+        };
+        Resolve::new(operation, expected, attribution, decision)
+    }
+
+    /// The values to show again in the form after a refusal.
+    fn values(&self) -> ResolveValues {
+        ResolveValues {
+            decision: self.decision.clone(),
+            external_id: self.external_id.clone(),
+            result_json: self.result_json.clone(),
+            error_code: self.error_code.clone(),
+            reason: self.reason.clone(),
+        }
+    }
+}
+
+/// " The last change was by … at …: “why”." for the newest of `history`; empty without one.
+fn last_change(history: Option<&[EventView]>) -> String {
+    history
+        .and_then(|events| events.last())
+        .map(|e| {
+            let why = if e.why.is_empty() {
+                String::new()
+            } else {
+                format!(": \u{201c}{}\u{201d}", e.why)
+            };
+            format!(" The last change was by {} at {}{why}.", e.who, e.when)
+        })
+        .unwrap_or_default()
+}
+
 /// `POST /operation/resolve`: a reviewer's decision, through the same use case as
 /// `ResolveOperation`, compare-and-set on the attempt the page showed.
 pub async fn resolve(
@@ -362,31 +420,11 @@ pub async fn resolve(
     // Not a number: 0, which the use case refuses as no attempt seen.
     let expected = form.expected_attempt.trim().parse::<i32>().unwrap_or(0);
     let (namespace, key) = (form.namespace.as_str(), form.key.as_str());
-    // The command, its fields parsed as `ResolveOperation`'s are (`api::convert`).
-    let command = || {
-        let operation = OperationRef::new(namespace, key)?;
-        let attribution = Attribution::reviewer(&reviewer, form.reason.trim())?;
-        let decision = match form.decision.as_str() {
-            "succeeded" => ReviewDecision::Succeeded {
-                external_id: ExternalId::parse_optional(form.external_id.trim())?,
-                result_json: form.result_json.trim().to_owned(),
-            },
-            "failed_final" => ReviewDecision::failed_final(form.error_code.trim())?,
-            _ => ReviewDecision::ReleaseForRetry,
-        };
-        Resolve::new(operation, expected, attribution, decision)
-    };
-    let resolved = match command() {
+    let resolved = match form.command(&reviewer, expected) {
         Ok(command) => console.reconciler.resolve_by_reviewer(command).await,
         Err(error) => Err(error),
     };
-    let values = ResolveValues {
-        decision: form.decision.clone(),
-        external_id: form.external_id.clone(),
-        result_json: form.result_json.clone(),
-        error_code: form.error_code.clone(),
-        reason: form.reason.clone(),
-    };
+    let values = form.values();
     match resolved {
         Ok(record) => {
             tracing::info!(
@@ -405,19 +443,7 @@ pub async fn resolve(
                 Ok(page) => page,
                 Err(response) => return response,
             };
-            let last = page
-                .history
-                .as_ref()
-                .and_then(|events| events.last())
-                .map(|e| {
-                    let why = if e.why.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": \u{201c}{}\u{201d}", e.why)
-                    };
-                    format!(" The last change was by {} at {}{why}.", e.who, e.when)
-                })
-                .unwrap_or_default();
+            let last = last_change(page.history.as_deref());
             page.banner = Some(Banner {
                 kind: "changed",
                 title: "Not resolved: this operation changed while your page was open".into(),
@@ -469,13 +495,10 @@ pub async fn search(
     SignedIn(session): SignedIn,
     Query(form): Query<SearchForm>,
 ) -> Response {
-    let namespace = form
-        .namespace
-        .clone()
-        .unwrap_or_else(|| default_namespace(&session));
-    if let Some(refusal) = denied(&session, Rpc::ListOperations, &namespace) {
-        return refusal;
-    }
+    let namespace = match page_namespace(&session, form.namespace.clone(), Rpc::ListOperations) {
+        Ok(namespace) => namespace,
+        Err(refusal) => return *refusal,
+    };
     let mut page = SearchPage::new(&session, &namespace);
     let query = form.q.trim();
     if !form.by.is_empty() {
