@@ -18,8 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use common::*;
 use opjournal::proto::{
     self, CompleteOperationRequest, Decision, ObservationOutcome, OperationStatus, ReconcileAction,
-    ReconcileOperationRequest, ResolveOperationRequest, ResolveSucceeded,
-    resolve_operation_request,
+    ResolveOperationRequest, ResolveSucceeded, resolve_operation_request,
 };
 use opjournal_sandbox::SandboxConfig;
 use serde_json::{Value, json};
@@ -144,16 +143,6 @@ fn result_of(operation: &proto::Operation) -> Value {
     serde_json::from_str(operation.result_json.as_deref().unwrap()).unwrap()
 }
 
-async fn stored_text(pool: &PgPool) -> String {
-    sqlx::query_scalar(
-        "SELECT coalesce((SELECT string_agg(o::text, ' ') FROM agent_operations o), '') || ' ' || \
-         coalesce((SELECT string_agg(e::text, ' ') FROM operation_events e), '')",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_result_with_card_data_and_a_token_is_stored_and_replayed_with_only_the_kept_fields_and_never_logged(
     pool: PgPool,
@@ -209,16 +198,7 @@ async fn a_result_with_card_data_and_a_token_is_stored_and_replayed_with_only_th
     assert_eq!(status, 201);
     assert_eq!(payment["card_number"], CARD, "the provider echoes the card");
     app.report_unknown(&begin.lease_token).await;
-    let reconciled = app
-        .reconciler
-        .clone()
-        .reconcile_operation(ReconcileOperationRequest {
-            namespace: String::new(),
-            operation_key: key.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let reconciled = app.reconcile("", key).await.unwrap();
     assert_eq!(reconciled.action, ReconcileAction::MarkedSucceeded as i32);
     let kept = json!({
         "id": payment["id"],
@@ -301,16 +281,7 @@ async fn a_result_over_the_size_limit_is_refused_and_a_provider_result_over_it_i
         .unwrap();
     app.pay(key, &payload, None).await.unwrap();
     app.report_unknown(&begin.lease_token).await;
-    let reconciled = app
-        .reconciler
-        .clone()
-        .reconcile_operation(ReconcileOperationRequest {
-            namespace: String::new(),
-            operation_key: key.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let reconciled = app.reconcile("", key).await.unwrap();
     let observation = reconciled.observation.unwrap();
     assert_eq!(observation.outcome, ObservationOutcome::LookupFailed as i32);
     assert_eq!(observation.detail_code, "result_too_large");

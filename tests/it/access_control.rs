@@ -32,32 +32,13 @@ fn tokens_toml() -> String {
     let client = r#"["client"]"#;
     let reviewer = r#"["reviewer"]"#;
     [
-        entry(
-            "orchestrator-a",
-            &sha256(TOKEN_A),
-            r#"["tenant-a"]"#,
-            client,
-        ),
-        entry(
-            "orchestrator-b",
-            &sha256(TOKEN_B),
-            r#"["tenant-b"]"#,
-            client,
-        ),
-        entry(
-            "reviewer-a",
-            &sha256(TOKEN_REVIEWER_A),
-            r#"["tenant-a"]"#,
-            reviewer,
-        ),
-        entry(
-            "reviewer-b",
-            &sha256(TOKEN_REVIEWER_B),
-            r#"["tenant-b"]"#,
-            reviewer,
-        ),
-        entry("ops", &sha256(TOKEN_ADMIN), r#"["*"]"#, r#"["admin"]"#),
+        ("orchestrator-a", TOKEN_A, r#"["tenant-a"]"#, client),
+        ("orchestrator-b", TOKEN_B, r#"["tenant-b"]"#, client),
+        ("reviewer-a", TOKEN_REVIEWER_A, r#"["tenant-a"]"#, reviewer),
+        ("reviewer-b", TOKEN_REVIEWER_B, r#"["tenant-b"]"#, reviewer),
+        ("ops", TOKEN_ADMIN, r#"["*"]"#, r#"["admin"]"#),
     ]
+    .map(|(name, token, namespaces, roles)| entry(name, &sha256(token), namespaces, roles))
     .concat()
 }
 

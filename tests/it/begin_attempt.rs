@@ -115,6 +115,21 @@ async fn complete(app: &TestApp, token: &str, external_id: &str) -> Result<(), t
         .map(drop)
 }
 
+/// Pays `PAY` at the sandbox under the provider key, the way a caller's closure would.
+async fn pay_at_sandbox(sandbox: &str, provider_key: &str) -> serde_json::Value {
+    opjournal::app::install_crypto_provider();
+    reqwest::Client::new()
+        .post(format!("{sandbox}/v1/payments"))
+        .header("Idempotency-Key", provider_key)
+        .body(PAY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 fn metadata(status: &tonic::Status, name: &str) -> String {
     let info = status.get_details_error_info().unwrap();
     info.metadata.get(name).cloned().unwrap_or_default()
@@ -197,17 +212,7 @@ async fn the_rust_client_repeats_a_lost_begin_and_executes_at_attempt_one(pool: 
     let sandbox = app.sandbox_url.clone();
     let executed = client
         .execute(intent, |call| async move {
-            opjournal::app::install_crypto_provider();
-            let paid: serde_json::Value = reqwest::Client::new()
-                .post(format!("{sandbox}/v1/payments"))
-                .header("Idempotency-Key", &call.provider_key)
-                .body(PAY)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let paid = pay_at_sandbox(&sandbox, &call.provider_key).await;
             ProviderOutcome::Succeeded {
                 external_id: paid["id"].as_str().map(str::to_owned),
                 result: Some(json!({"id": paid["id"]})),
@@ -532,17 +537,7 @@ async fn a_begin_answer_that_arrives_after_its_lease_ended_calls_nothing(pool: P
     let sandbox = app.sandbox_url.clone();
     let executed = client
         .execute(intent, |call| async move {
-            opjournal::app::install_crypto_provider();
-            let paid: serde_json::Value = reqwest::Client::new()
-                .post(format!("{sandbox}/v1/payments"))
-                .header("Idempotency-Key", &call.provider_key)
-                .body(PAY)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let paid = pay_at_sandbox(&sandbox, &call.provider_key).await;
             ProviderOutcome::Succeeded {
                 external_id: paid["id"].as_str().map(str::to_owned),
                 result: None,

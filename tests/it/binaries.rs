@@ -109,10 +109,9 @@ async fn the_reconcile_worker_serves_health_settles_work_and_stops_on_sigterm(po
     terminate(child).await;
 }
 
-#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
-async fn the_server_binary_serves_and_stops_on_sigterm(pool: PgPool) {
-    let app = TestApp::spawn(pool).await;
-    let args = [
+/// `serve` on ephemeral gRPC and metrics ports against the test app's database.
+fn serve_against(app: &TestApp) -> [String; 7] {
+    [
         "serve".to_owned(),
         "--listen".to_owned(),
         "127.0.0.1:0".to_owned(),
@@ -120,7 +119,13 @@ async fn the_server_binary_serves_and_stops_on_sigterm(pool: PgPool) {
         "127.0.0.1:0".to_owned(),
         "--database-url".to_owned(),
         app.database_url(),
-    ];
+    ]
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_server_binary_serves_and_stops_on_sigterm(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let args = serve_against(&app);
     let log = tempfile::NamedTempFile::new().unwrap();
     let (child, address) = start_logging(
         env!("CARGO_BIN_EXE_opjournal"),
@@ -210,15 +215,7 @@ async fn sigterm_during_a_burst_leaves_no_call_half_done(pool: PgPool) {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     let app = TestApp::spawn(pool).await;
-    let args = [
-        "serve".to_owned(),
-        "--listen".to_owned(),
-        "127.0.0.1:0".to_owned(),
-        "--metrics-listen".to_owned(),
-        "127.0.0.1:0".to_owned(),
-        "--database-url".to_owned(),
-        app.database_url(),
-    ];
+    let args = serve_against(&app);
     let (child, address) = start_with_env(
         env!("CARGO_BIN_EXE_opjournal"),
         &args,

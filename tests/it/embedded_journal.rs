@@ -333,14 +333,7 @@ async fn copy_journal_moves_the_embedded_journal_to_postgres(pool: sqlx::PgPool)
         .begin("k-failed", "create_payment", PAY_817_OTHER_AMOUNT)
         .await
         .unwrap();
-    app.journal
-        .clone()
-        .fail_operation(opjournal::proto::FailOperationRequest {
-            lease_token: failed.lease_token,
-            error_code: "card_declined".into(),
-        })
-        .await
-        .unwrap();
+    app.fail_declined(&failed.lease_token).await;
     let email = app
         .begin("k-email", "send_email", r#"{"to":"customer"}"#)
         .await

@@ -35,17 +35,6 @@ async fn table_rows(app: &TestApp) -> (i64, i64) {
     (operations, events)
 }
 
-/// Everything the journal's tables hold, as text.
-async fn stored_text(pool: &PgPool) -> String {
-    sqlx::query_scalar(
-        "SELECT coalesce((SELECT string_agg(o::text, ' ') FROM agent_operations o), '') || ' ' || \
-         coalesce((SELECT string_agg(e::text, ' ') FROM operation_events e), '')",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn keys_holding_an_email_a_card_number_or_a_token_are_refused_and_nothing_is_written(
     pool: PgPool,
@@ -508,14 +497,16 @@ async fn keys_registered_before_the_screening_or_the_pattern_still_get_their_ans
         .unwrap();
     let with_pattern =
         TestApp::spawn_with_policy(pool, SandboxConfig::default(), pattern_policy, None).await;
-    let replay = with_pattern
-        .begin("legacy-817", "create_payment", PAY_817)
-        .await
-        .unwrap();
-    assert_eq!(decision(&replay), Decision::Replay);
-    let err = with_pattern
-        .begin("legacy-818", "create_payment", PAY_817)
-        .await
-        .unwrap_err();
-    assert_eq!(reason(&err), "KEY_PATTERN_MISMATCH");
+    assert_eq!(
+        with_pattern
+            .begin_decision("legacy-817", "create_payment", PAY_817)
+            .await,
+        Decision::Replay
+    );
+    assert_eq!(
+        with_pattern
+            .begin_refusal("legacy-818", "create_payment", PAY_817)
+            .await,
+        "KEY_PATTERN_MISMATCH"
+    );
 }

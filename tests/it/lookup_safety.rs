@@ -148,6 +148,25 @@ async fn lost_payment(app: &TestApp, namespace: &str, key: &str, action: &str) -
     provider_key
 }
 
+/// Begins `send_email` in `namespace`, sends the e-mail at the sandbox with the provider
+/// key the Begin named (the answer is lost after it is sent) and reports the outcome
+/// unknown. Returns the provider key.
+async fn email_of_unknown_outcome(app: &TestApp, namespace: &str, key: &str) -> String {
+    let begin = app
+        .begin_in(namespace, key, "send_email", r#"{"case":"1"}"#, 0)
+        .await
+        .unwrap();
+    assert_eq!(decision(&begin), Decision::Execute);
+    let reference = begin.operation.as_ref().unwrap().provider_key.clone();
+    assert_eq!(
+        app.send_email(&reference, Some("commit-then-timeout"))
+            .await,
+        None
+    );
+    app.report_unknown(&begin.lease_token).await;
+    reference
+}
+
 /// The payment lookup of the tests, at `url` (with `{provider_key}`), sending `X-Api-Key`
 /// from the environment, declaring its search complete, with no grace window: a "not found"
 /// it believed would release the operation at the first lookup.
@@ -431,19 +450,7 @@ adapters:
         ];
         let mut references = Vec::new();
         for (namespace, key) in &keys {
-            let begin = app
-                .begin_in(namespace, key, "send_email", r#"{"case":"1"}"#, 0)
-                .await
-                .unwrap();
-            assert_eq!(decision(&begin), Decision::Execute);
-            let reference = begin.operation.as_ref().unwrap().provider_key.clone();
-            assert_eq!(
-                app.send_email(&reference, Some("commit-then-timeout"))
-                    .await,
-                None
-            );
-            app.report_unknown(&begin.lease_token).await;
-            references.push(reference);
+            references.push(email_of_unknown_outcome(&app, namespace, key).await);
         }
         // Past every grace window.
         app.clock.advance(Duration::from_secs(3600));
@@ -1006,19 +1013,7 @@ async fn an_operation_recorded_before_kinds_were_kept_is_never_released_by_a_lat
     let app = TestApp::spawn_with(pool, config, 0).await;
     let mut references = Vec::new();
     for key in ["email:legacy:1", "email:legacy:2"] {
-        let begin = app
-            .begin(key, "send_email", r#"{"case":"1"}"#)
-            .await
-            .unwrap();
-        assert_eq!(decision(&begin), Decision::Execute);
-        let reference = begin.operation.as_ref().unwrap().provider_key.clone();
-        assert_eq!(
-            app.send_email(&reference, Some("commit-then-timeout"))
-                .await,
-            None
-        );
-        app.report_unknown(&begin.lease_token).await;
-        references.push(reference);
+        references.push(email_of_unknown_outcome(&app, "", key).await);
     }
     // Recorded the way the journal recorded entries before it kept adapter kinds.
     let updated = sqlx::query(

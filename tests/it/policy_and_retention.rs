@@ -20,20 +20,7 @@ async fn a_policy_file_with_problems_stops_the_server_naming_each_with_its_line(
     let file = dir.path().join("policy.yaml");
     std::fs::write(
         &file,
-        "\
-actions:
-  create_payment:
-    lease_seconds: thirty
-    reconcile:
-      adapter: nowhere
-  send_email:
-    retry:
-      on_timeout: reconcile_before_retry
-adapters:
-  payments:
-    kind: http
-    timeout_seconds: 5
-",
+        include_str!("../../crates/opjournal-domain/testdata/policy_with_problems.yaml"),
     )
     .unwrap();
     for command in [
@@ -211,14 +198,7 @@ async fn purge_deletes_only_terminal_operations_past_retention(pool: PgPool) {
             .begin(&format!("{age}:failed"), "create_payment", "{}")
             .await
             .unwrap();
-        app.journal
-            .clone()
-            .fail_operation(opjournal::proto::FailOperationRequest {
-                lease_token: failed.lease_token,
-                error_code: "card_declined".into(),
-            })
-            .await
-            .unwrap();
+        app.fail_declined(&failed.lease_token).await;
         let unknown = app
             .begin(&format!("{age}:unknown"), "create_payment", "{}")
             .await

@@ -36,6 +36,12 @@ async fn unknown_payment(app: &TestApp, key: &str, action: &str, fault: &str) ->
     begin.lease_token
 }
 
+/// Begins the payment `PAYMENT_KEY` under `action` whose request never reaches the
+/// provider's store (`fail-before-store`), and reports the outcome unknown.
+async fn unreached_payment(app: &TestApp, action: &str) {
+    unknown_payment(app, PAYMENT_KEY, action, "fail-before-store").await;
+}
+
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_holder_that_dies_after_the_effect_is_swept_to_unknown_and_settled_by_lookup(
     pool: PgPool,
@@ -442,13 +448,7 @@ async fn an_email_without_lookup_goes_to_review_and_is_never_resent(pool: PgPool
 async fn an_operation_unknown_past_its_deadline_is_escalated_and_lookups_stop(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     // Nothing reaches the provider, so every lookup says "not found" inside the grace window.
-    unknown_payment(
-        &app,
-        PAYMENT_KEY,
-        "create_payment_deadline",
-        "fail-before-store",
-    )
-    .await;
+    unreached_payment(&app, "create_payment_deadline").await;
     let worker = app.worker("worker-a");
     let first = worker.tick().await.unwrap();
     assert_eq!((first.looked_up, first.escalated), (1, 0));
@@ -567,13 +567,7 @@ async fn slow_lookups_are_never_repeated_by_another_replica(pool: PgPool) {
 async fn escalation_happens_at_the_deadline_not_at_the_next_scheduled_check(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     // The schedule says every 30 s; the deadline is 1 s.
-    unknown_payment(
-        &app,
-        PAYMENT_KEY,
-        "create_payment_deadline_slow",
-        "fail-before-store",
-    )
-    .await;
+    unreached_payment(&app, "create_payment_deadline_slow").await;
     let worker = app.worker("worker-a");
     assert_eq!(worker.tick().await.unwrap().looked_up, 1);
     let op = app.get(PAYMENT_KEY).await;
@@ -638,13 +632,7 @@ async fn an_operators_reconcile_never_runs_beside_a_workers_lookup(pool: PgPool)
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn not_found_from_an_incomplete_search_never_releases(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    unknown_payment(
-        &app,
-        PAYMENT_KEY,
-        "create_payment_incomplete",
-        "fail-before-store",
-    )
-    .await;
+    unreached_payment(&app, "create_payment_incomplete").await;
     let worker = app.worker("worker-a");
     let stats = worker.tick().await.unwrap();
     assert_eq!((stats.looked_up, stats.released), (1, 0));

@@ -162,6 +162,21 @@ impl Fixture {
         }
     }
 
+    /// Resolves `read` as `by` says, expecting the resolution to apply.
+    async fn resolved(
+        &self,
+        read: &OperationRecord,
+        resolution: &Resolution,
+        by: &Attribution,
+        lookup: Lookup,
+    ) -> OperationRecord {
+        self.store
+            .resolve(read, resolution, by, lookup)
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
     /// A registered operation whose holder reported a timeout: unknown, due for a lookup now.
     async fn unknown(&self, key: &str) -> OperationRecord {
         let record = self.register(key, LEASE).await;
@@ -672,8 +687,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
     // A lookup that learns nothing changes no status, but what it saw is history: one entry
     // per new reason, none for the same answer again.
     let kept = fx
-        .store
-        .resolve(
+        .resolved(
             &read,
             &Resolution::KeepUnknown {
                 next_check_after: Duration::from_secs(5),
@@ -681,17 +695,14 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
             &Attribution::worker("w1", "not_found_yet"),
             Lookup::Made,
         )
-        .await
-        .unwrap()
-        .unwrap();
+        .await;
     assert_eq!(kept.reconcile_attempts, 1);
     assert_eq!(
         kept.next_check_at.unwrap() - kept.observed_at,
         chrono::Duration::seconds(5)
     );
     let kept = fx
-        .store
-        .resolve(
+        .resolved(
             &kept,
             &Resolution::KeepUnknown {
                 next_check_after: Duration::from_secs(5),
@@ -699,23 +710,9 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
             &Attribution::worker("w1", "not_found_yet"),
             Lookup::Made,
         )
-        .await
-        .unwrap()
-        .unwrap();
+        .await;
     assert_eq!(kept.reconcile_attempts, 2);
-    let escalated = fx
-        .store
-        .resolve(
-            &kept,
-            &Resolution::Escalate {
-                reason: EscalationReason::UnresolvedAfterDeadline,
-            },
-            &Attribution::worker("w2", "escalated"),
-            Lookup::NotMade,
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let escalated = escalate_as(fx, &kept, EscalationReason::UnresolvedAfterDeadline, "w2").await;
     assert_eq!(escalated.review_required_at, Some(escalated.observed_at));
     assert_eq!(
         escalated.review_reason.as_deref(),
@@ -728,8 +725,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
         reason: Some("confirmed in the provider's dashboard".into()),
     };
     let resolved = fx
-        .store
-        .resolve(
+        .resolved(
             &escalated,
             &Resolution::Succeeded {
                 external_id: Some(external_id("pay_1")),
@@ -738,9 +734,7 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
             &reviewer,
             Lookup::NotMade,
         )
-        .await
-        .unwrap()
-        .unwrap();
+        .await;
     assert_eq!(resolved.review_required_at, None);
     assert_eq!(resolved.last_actor_kind, ActorKind::Reviewer);
     let history = fx.history("k").await;
@@ -826,16 +820,13 @@ async fn every_transition_is_in_the_history_with_its_actor(fx: &Fixture) {
 async fn a_release_for_retry_lets_the_next_begin_claim(fx: &Fixture) {
     let read = fx.unknown("k").await;
     let released = fx
-        .store
-        .resolve(
+        .resolved(
             &read,
             &Resolution::ReleaseForRetry,
             &Attribution::worker("w", "proven_absent"),
             Lookup::Made,
         )
-        .await
-        .unwrap()
-        .unwrap();
+        .await;
     assert_eq!(released.status, Status::Pending);
     assert_eq!(released.error_code.as_deref(), Some("released_for_retry"));
     assert_eq!(released.lease_until, None);
@@ -977,18 +968,15 @@ async fn one_looker_at_a_time_on_request(fx: &Fixture) {
     assert_eq!(granted.len(), 1);
     assert!(fx.store.claim_due(10, HOLD).await.unwrap().is_empty());
     // Resolving ends the reconcile lease: the next look may start.
-    fx.store
-        .resolve(
-            &granted[0],
-            &Resolution::KeepUnknown {
-                next_check_after: Duration::ZERO,
-            },
-            &Attribution::worker("w", "not_found_yet"),
-            Lookup::Made,
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    fx.resolved(
+        &granted[0],
+        &Resolution::KeepUnknown {
+            next_check_after: Duration::ZERO,
+        },
+        &Attribution::worker("w", "not_found_yet"),
+        Lookup::Made,
+    )
+    .await;
     assert!(
         fx.store
             .claim_for_reconcile(&ns(), &read.operation_key, HOLD)
@@ -1057,19 +1045,7 @@ async fn the_sweep_moves_at_most_a_batch(fx: &Fixture) {
 
 async fn an_operation_under_review_is_never_claimed(fx: &Fixture) {
     let read = fx.unknown("k").await;
-    let escalated = fx
-        .store
-        .resolve(
-            &read,
-            &Resolution::Escalate {
-                reason: EscalationReason::NoProviderLookup,
-            },
-            &Attribution::worker("w", "escalated"),
-            Lookup::NotMade,
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let escalated = escalate(fx, &read).await;
     assert!(escalated.review_required_at.is_some());
     let claimed = fx
         .store
@@ -1169,18 +1145,7 @@ async fn lists_page_newest_first_with_filters(fx: &Fixture) {
 async fn the_review_queue_pages_oldest_first(fx: &Fixture) {
     for key in ["r3", "r1", "r2"] {
         let read = fx.unknown(key).await;
-        fx.store
-            .resolve(
-                &read,
-                &Resolution::Escalate {
-                    reason: EscalationReason::NoProviderLookup,
-                },
-                &Attribution::worker("w", "escalated"),
-                Lookup::NotMade,
-            )
-            .await
-            .unwrap()
-            .unwrap();
+        escalate(fx, &read).await;
     }
     fx.unknown("not-escalated").await;
     let all = fx
@@ -1238,10 +1203,18 @@ fn review_query() -> ReviewQuery {
 
 /// Escalates the unknown operation `read` to review.
 async fn escalate(fx: &Fixture, read: &OperationRecord) -> OperationRecord {
-    let escalate = Resolution::Escalate {
-        reason: EscalationReason::NoProviderLookup,
-    };
-    let by = Attribution::worker("w", "escalated");
+    escalate_as(fx, read, EscalationReason::NoProviderLookup, "w").await
+}
+
+/// Escalates the unknown operation `read` to review for `reason`, as the worker `worker`.
+async fn escalate_as(
+    fx: &Fixture,
+    read: &OperationRecord,
+    reason: EscalationReason,
+    worker: &str,
+) -> OperationRecord {
+    let escalate = Resolution::Escalate { reason };
+    let by = Attribution::worker(worker, "escalated");
     let resolve = fx.store.resolve(read, &escalate, &by, Lookup::NotMade);
     resolve.await.unwrap().unwrap()
 }
@@ -1478,16 +1451,13 @@ async fn purge_deletes_only_terminal_operations_past_retention(fx: &Fixture) {
     fx.unknown("unknown").await;
     fx.register("in_progress", LEASE).await;
     let released = fx.unknown("pending").await;
-    fx.store
-        .resolve(
-            &released,
-            &Resolution::ReleaseForRetry,
-            &Attribution::worker("w", "proven_absent"),
-            Lookup::Made,
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    fx.resolved(
+        &released,
+        &Resolution::ReleaseForRetry,
+        &Attribution::worker("w", "proven_absent"),
+        Lookup::Made,
+    )
+    .await;
     assert_eq!(fx.store.purge(10).await.unwrap(), 0, "nothing is due yet");
 
     fx.age_retention(2).await;
@@ -1713,16 +1683,13 @@ async fn a_report_answers_the_status_it_left(fx: &Fixture) {
 
     // From pending, where a release put it before the holder reported.
     let released = fx.unknown_by_sweep("released").await;
-    fx.store
-        .resolve(
-            &released,
-            &Resolution::ReleaseForRetry,
-            &Attribution::worker("w", "proven_absent"),
-            Lookup::Made,
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    fx.resolved(
+        &released,
+        &Resolution::ReleaseForRetry,
+        &Attribution::worker("w", "proven_absent"),
+        Lookup::Made,
+    )
+    .await;
     let Settled { record, previous } = fx
         .store
         .settle(&token(&released), &timed_out())
@@ -2183,18 +2150,7 @@ async fn backlog_stats_count_unknown_and_review_and_age_the_oldest(f: &Fixture) 
     .await
     .unwrap();
     let recent = f.unknown("recent").await;
-    f.store
-        .resolve(
-            &recent,
-            &Resolution::Escalate {
-                reason: EscalationReason::NoProviderLookup,
-            },
-            &Attribution::worker("w", "escalated"),
-            Lookup::NotMade,
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    escalate(f, &recent).await;
     // Neither a live lease nor a terminal operation is backlog.
     f.register("live", LEASE).await;
     let stats = f.store.backlog_stats().await.unwrap();
@@ -2251,18 +2207,13 @@ async fn backlog_stats_find_operations_past_their_deadline_and_the_longest_revie
     }
     // Past its deadline too, but a reviewer has it: counted by the review gauges instead.
     let in_review = f.get("in-review").await;
-    f.store
-        .resolve(
-            &in_review,
-            &Resolution::Escalate {
-                reason: EscalationReason::UnresolvedAfterDeadline,
-            },
-            &Attribution::worker("w", "escalated"),
-            Lookup::NotMade,
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    escalate_as(
+        f,
+        &in_review,
+        EscalationReason::UnresolvedAfterDeadline,
+        "w",
+    )
+    .await;
     f.execute(
         "UPDATE agent_operations SET review_required_at = now() - interval '50 seconds' \
          WHERE operation_key = 'in-review'",

@@ -67,16 +67,16 @@ async fn the_scrape_endpoint_exposes_every_metric_with_its_unit_and_labels(pool:
         .await
         .unwrap();
     complete(&app, &first.lease_token).await.unwrap();
-    let replay = app
-        .begin("metric-key-01", "create_payment", PAY_817)
-        .await
-        .unwrap();
-    assert_eq!(decision(&replay), Decision::Replay);
-    let reused = app
-        .begin("metric-key-01", "create_payment", PAY_817_OTHER_AMOUNT)
-        .await
-        .unwrap_err();
-    assert_eq!(reason(&reused), "IDEMPOTENCY_KEY_REUSED");
+    assert_eq!(
+        app.begin_decision("metric-key-01", "create_payment", PAY_817)
+            .await,
+        Decision::Replay
+    );
+    assert_eq!(
+        app.begin_refusal("metric-key-01", "create_payment", PAY_817_OTHER_AMOUNT)
+            .await,
+        "IDEMPOTENCY_KEY_REUSED"
+    );
     // A live lease answers in_progress.
     app.begin("metric-key-02", "create_payment", PAY_817)
         .await

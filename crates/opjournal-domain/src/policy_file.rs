@@ -413,20 +413,7 @@ mod tests {
 
     #[test]
     fn every_problem_is_reported_with_its_line_and_setting() {
-        let text = "\
-actions:
-  create_payment:
-    lease_seconds: thirty
-    reconcile:
-      adapter: nowhere
-  send_email:
-    retry:
-      on_timeout: reconcile_before_retry
-adapters:
-  payments:
-    kind: http
-    timeout_seconds: 5
-";
+        let text = include_str!("../testdata/policy_with_problems.yaml");
         let problems = problems_of(text);
         let found: Vec<(Option<u64>, &str)> = problems
             .iter()

@@ -568,6 +568,28 @@ impl TestApp {
             .unwrap()
     }
 
+    /// The decision of a Begin of `key` that is expected to be answered.
+    pub async fn begin_decision(&self, key: &str, action: &str, payload: &str) -> Decision {
+        decision(&self.begin(key, action, payload).await.unwrap())
+    }
+
+    /// The `ErrorInfo` reason of a Begin of `key` that is expected to be refused.
+    pub async fn begin_refusal(&self, key: &str, action: &str, payload: &str) -> String {
+        reason(&self.begin(key, action, payload).await.unwrap_err())
+    }
+
+    /// FailOperation under `token` with error code `card_declined`.
+    pub async fn fail_declined(&self, token: &str) {
+        self.journal
+            .clone()
+            .fail_operation(proto::FailOperationRequest {
+                lease_token: token.into(),
+                error_code: "card_declined".into(),
+            })
+            .await
+            .unwrap();
+    }
+
     pub fn counts(&self, key: &str) -> KeyCounts {
         self.sandbox.counts(key)
     }
@@ -644,4 +666,15 @@ pub async fn a_statement_waits_for_a_lock(pool: &PgPool) {
         assert!(std::time::Instant::now() < deadline, "no statement waits");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Everything the journal's tables hold (operations and events), as text.
+pub async fn stored_text(pool: &PgPool) -> String {
+    sqlx::query_scalar(
+        "SELECT coalesce((SELECT string_agg(o::text, ' ') FROM agent_operations o), '') || ' ' || \
+         coalesce((SELECT string_agg(e::text, ' ') FROM operation_events e), '')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
