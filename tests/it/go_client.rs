@@ -115,21 +115,7 @@ async fn the_go_client_sends_its_bearer_token(pool: PgPool) {
     )
     .await;
 
-    let done: (String, i32) = sqlx::query_as(
-        "SELECT status, attempt_count FROM agent_operations
-         WHERE namespace = 'tenant-a' AND operation_key = 'go:auth:payment'",
-    )
-    .fetch_one(app.pool())
-    .await
-    .unwrap();
-    assert_eq!(done, ("succeeded".to_owned(), 1));
-    assert_eq!(
-        app.rows_for("go:auth:payment").await,
-        1,
-        "nothing in tenant-b"
-    );
-    let counts = app.counts("tenant-a/go:auth:payment");
-    assert_eq!((counts.requests, counts.effects), (1, 1));
+    common::client_suites::assert_paid_once_in_tenant_a(&app, "go").await;
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

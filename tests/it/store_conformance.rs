@@ -410,52 +410,22 @@ async fn claims_and_resolutions_apply_only_to_the_attempt_that_was_read(fx: &Fix
     let read = fx.unknown("k").await;
     let (ns, key) = (read.namespace.clone(), read.operation_key.clone());
 
+    // A claim of `unknown` at `attempt`, with a fresh lease id.
+    let claim_at = |attempt: i32| Claim {
+        namespace: ns.clone(),
+        operation_key: key.clone(),
+        expected_status: Status::Unknown,
+        expected_attempt: attempt,
+        lease: LEASE,
+        lease_id: Uuid::new_v4(),
+        attempt: None,
+    };
     // A stale attempt claims nothing.
-    let stale = fx
-        .store
-        .claim(&Claim {
-            namespace: ns.clone(),
-            operation_key: key.clone(),
-            expected_status: Status::Unknown,
-            expected_attempt: 7,
-            lease: LEASE,
-            lease_id: Uuid::new_v4(),
-            attempt: None,
-        })
-        .await
-        .unwrap();
-    assert!(stale.is_none());
+    assert!(fx.store.claim(&claim_at(7)).await.unwrap().is_none());
     // The right one does, once.
-    let claimed = fx
-        .store
-        .claim(&Claim {
-            namespace: ns.clone(),
-            operation_key: key.clone(),
-            expected_status: Status::Unknown,
-            expected_attempt: 1,
-            lease: LEASE,
-            lease_id: Uuid::new_v4(),
-            attempt: None,
-        })
-        .await
-        .unwrap()
-        .unwrap();
+    let claimed = fx.store.claim(&claim_at(1)).await.unwrap().unwrap();
     assert_eq!(claimed.attempt_count, 2);
-    assert!(
-        fx.store
-            .claim(&Claim {
-                namespace: ns.clone(),
-                operation_key: key.clone(),
-                expected_status: Status::Unknown,
-                expected_attempt: 1,
-                lease: LEASE,
-                lease_id: Uuid::new_v4(),
-                attempt: None,
-            })
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(fx.store.claim(&claim_at(1)).await.unwrap().is_none());
 
     // Back to unknown at attempt 2: a resolution computed from attempt 1 must not apply.
     fx.store

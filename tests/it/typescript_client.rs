@@ -93,21 +93,7 @@ async fn the_typescript_client_sends_its_bearer_token(pool: PgPool) {
     let app = spawn_with_client_token(pool).await;
     node_test(&app, "auth.test.js").await;
 
-    let done: (String, i32) = sqlx::query_as(
-        "SELECT status, attempt_count FROM agent_operations
-         WHERE namespace = 'tenant-a' AND operation_key = 'ts:auth:payment'",
-    )
-    .fetch_one(app.pool())
-    .await
-    .unwrap();
-    assert_eq!(done, ("succeeded".to_owned(), 1));
-    assert_eq!(
-        app.rows_for("ts:auth:payment").await,
-        1,
-        "nothing in tenant-b"
-    );
-    let counts = app.counts("tenant-a/ts:auth:payment");
-    assert_eq!((counts.requests, counts.effects), (1, 1));
+    common::client_suites::assert_paid_once_in_tenant_a(&app, "ts").await;
 }
 
 /// `(status, attempt_count, error_code)` of `key`'s row.

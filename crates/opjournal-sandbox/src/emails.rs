@@ -51,18 +51,16 @@ pub(crate) async fn send(
     required_str(&request, "subject")?;
     let fault = Fault::from_headers(&headers)?;
 
-    match fault {
-        Some(Fault::FailBeforeStore) => return Err(ApiError::unavailable()),
-        Some(Fault::Reject) => {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "recipient_rejected",
-                "the recipient was rejected; nothing was sent (injected fault)",
-            ));
-        }
-        Some(Fault::Slow) => sandbox.slow().await,
-        Some(Fault::CommitThenTimeout) | None => {}
-    }
+    Fault::before_store(
+        fault,
+        &sandbox,
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "recipient_rejected",
+            "the recipient was rejected; nothing was sent (injected fault)",
+        ),
+    )
+    .await?;
 
     // Stored before any await, so a client giving up cannot undo it.
     let email = sandbox.lock().send_email(&reference);

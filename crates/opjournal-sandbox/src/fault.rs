@@ -2,6 +2,7 @@
 
 use axum::http::{HeaderMap, StatusCode};
 
+use crate::Sandbox;
 use crate::error::ApiError;
 
 /// Name of the fault-injection header.
@@ -37,6 +38,26 @@ impl Fault {
                 "invalid_fault",
                 "X-Sandbox-Fault must be one of: commit-then-timeout, fail-before-store, reject, slow",
             )),
+        }
+    }
+
+    /// Plays the part of `fault` that comes before the effect is stored: `FailBeforeStore`
+    /// answers 503 `unavailable`, `Reject` answers `rejection` (the provider's own definitive
+    /// refusal, e.g. 402 `card_declined`), `Slow` waits the configured delay. `Ok` means: go
+    /// on and store the effect (for `CommitThenTimeout`, then stall the answer).
+    pub async fn before_store(
+        fault: Option<Self>,
+        sandbox: &Sandbox,
+        rejection: (StatusCode, &'static str, &'static str),
+    ) -> Result<(), ApiError> {
+        match fault {
+            Some(Self::FailBeforeStore) => Err(ApiError::unavailable()),
+            Some(Self::Reject) => Err(ApiError::new(rejection.0, rejection.1, rejection.2)),
+            Some(Self::Slow) => {
+                sandbox.slow().await;
+                Ok(())
+            }
+            Some(Self::CommitThenTimeout) | None => Ok(()),
         }
     }
 }

@@ -61,18 +61,16 @@ pub(crate) async fn create(
     let currency = required_str(&request, "currency")?.to_owned();
     let fault = Fault::from_headers(&headers)?;
 
-    match fault {
-        Some(Fault::FailBeforeStore) => return Err(ApiError::unavailable()),
-        Some(Fault::Reject) => {
-            return Err(ApiError::new(
-                StatusCode::PAYMENT_REQUIRED,
-                "card_declined",
-                "the card was declined; nothing was charged (injected fault)",
-            ));
-        }
-        Some(Fault::Slow) => sandbox.slow().await,
-        Some(Fault::CommitThenTimeout) | None => {}
-    }
+    Fault::before_store(
+        fault,
+        &sandbox,
+        (
+            StatusCode::PAYMENT_REQUIRED,
+            "card_declined",
+            "the card was declined; nothing was charged (injected fault)",
+        ),
+    )
+    .await?;
 
     // Stored synchronously, before any await: a client that gives up while
     // the answer stalls cannot undo the effect.

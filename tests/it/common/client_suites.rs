@@ -164,6 +164,24 @@ pub async fn spawn_with_client_token(pool: sqlx::PgPool) -> TestApp {
     TestApp::spawn_with_options(pool, options).await
 }
 
+/// What a client's auth test leaves behind (`{prefix}:auth:payment`): one succeeded row at
+/// attempt 1 in `tenant-a`, none in `tenant-b`, one request and one effect at the sandbox.
+pub async fn assert_paid_once_in_tenant_a(app: &TestApp, prefix: &str) {
+    let key = format!("{prefix}:auth:payment");
+    let done: (String, i32) = sqlx::query_as(
+        "SELECT status, attempt_count FROM agent_operations
+         WHERE namespace = 'tenant-a' AND operation_key = $1",
+    )
+    .bind(&key)
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    assert_eq!(done, ("succeeded".to_owned(), 1));
+    assert_eq!(app.rows_for(&key).await, 1, "nothing in tenant-b");
+    let counts = app.counts(&format!("tenant-a/{key}"));
+    assert_eq!((counts.requests, counts.effects), (1, 1));
+}
+
 /// What a client's outcomes suite (`{prefix}:outcomes:*` keys) must leave in the journal and
 /// at the provider: a success, a confirmed decline with no effect, a 5xx settled by reconcile
 /// and retried under the same key (attempt 2), one effect per paid key, a held duplicate

@@ -6,7 +6,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::tests::*;
-use crate::{KeyCounts, Sandbox, SandboxConfig};
+use crate::{Sandbox, SandboxConfig};
 
 #[tokio::test]
 async fn commit_then_timeout_stores_the_effect() {
@@ -32,14 +32,7 @@ async fn commit_then_timeout_stores_the_effect() {
     while sandbox.counts(key).effects == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(
-        sandbox.counts(key),
-        KeyCounts {
-            requests: 1,
-            effects: 1,
-            lookups: 0
-        }
-    );
+    assert_counts(&sandbox, key, (1, 1, 0));
 
     // A patient retry with the same key replays; still one effect.
     let client = client();
@@ -97,14 +90,7 @@ async fn fail_before_store_and_reject_store_nothing() {
     assert_error(&rejected.json().await.unwrap(), "recipient_rejected");
 
     for key in ["k-fail", "k-reject"] {
-        assert_eq!(
-            sandbox.counts(key),
-            KeyCounts {
-                requests: 1,
-                effects: 0,
-                lookups: 0
-            }
-        );
+        assert_counts(&sandbox, key, (1, 0, 0));
         let (status, body) = get(
             &client,
             format!("{base}/v1/payments/by-idempotency-key/{key}"),
@@ -113,26 +99,12 @@ async fn fail_before_store_and_reject_store_nothing() {
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert_error(&body, "not_found");
     }
-    assert_eq!(
-        sandbox.counts("em-f"),
-        KeyCounts {
-            requests: 2,
-            effects: 0,
-            lookups: 0
-        }
-    );
+    assert_counts(&sandbox, "em-f", (2, 0, 0));
 
     // After the failure, a clean retry creates exactly one payment.
     let created = pay(&client, &base, "k-fail", &payment_body("1"), None).await;
     assert_eq!(created.status(), StatusCode::CREATED);
-    assert_eq!(
-        sandbox.counts("k-fail"),
-        KeyCounts {
-            requests: 2,
-            effects: 1,
-            lookups: 1
-        }
-    );
+    assert_counts(&sandbox, "k-fail", (2, 1, 1));
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::tests::*;
-use crate::{Defect, KeyCounts, SandboxConfig, spawn};
+use crate::{Defect, SandboxConfig, spawn};
 
 #[tokio::test]
 async fn the_ledger_lists_each_key_with_its_effect_ids_and_replays() {
@@ -52,14 +52,7 @@ async fn a_slow_request_waits_then_stores_once_and_answers() {
     let created = pay(&client, &base, "k-slow", &payment_body("1"), Some("slow")).await;
     assert_eq!(created.status(), StatusCode::CREATED);
     assert!(started.elapsed() >= Duration::from_millis(600));
-    assert_eq!(
-        sandbox.counts("k-slow"),
-        KeyCounts {
-            requests: 1,
-            effects: 1,
-            lookups: 0
-        }
-    );
+    assert_counts(&sandbox, "k-slow", (1, 1, 0));
 }
 
 #[tokio::test]

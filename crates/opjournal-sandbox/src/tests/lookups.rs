@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::KeyCounts;
 use crate::tests::*;
 
 #[tokio::test]
@@ -114,14 +113,7 @@ async fn emails_are_never_deduplicated() {
     }
     assert_ne!(first["id"], second["id"]);
 
-    assert_eq!(
-        sandbox.counts(reference),
-        KeyCounts {
-            requests: 2,
-            effects: 2,
-            lookups: 1
-        }
-    );
+    assert_counts(&sandbox, reference, (2, 2, 1));
     let (status, found) = get(
         &client,
         format!("{base}/v1/emails/by-reference/{reference}"),
@@ -149,14 +141,7 @@ async fn emails_are_never_deduplicated() {
     .await;
     assert_eq!(no_subject.status(), StatusCode::BAD_REQUEST);
     assert_error(&no_subject.json().await.unwrap(), "invalid_request");
-    assert_eq!(
-        sandbox.counts("r2"),
-        KeyCounts {
-            requests: 1,
-            effects: 0,
-            lookups: 0
-        }
-    );
+    assert_counts(&sandbox, "r2", (1, 0, 0));
 }
 
 #[tokio::test]
@@ -208,14 +193,7 @@ async fn counters_and_odd_keys() {
     let (status, stats) = get(&client, format!("{base}/v1/stats")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(stats, json!({"requests": 2, "effects": 2, "lookups": 3}));
-    assert_eq!(
-        sandbox.counts("nope"),
-        KeyCounts {
-            requests: 0,
-            effects: 0,
-            lookups: 1
-        }
-    );
+    assert_counts(&sandbox, "nope", (0, 0, 1));
 
     let (status, health) = get(&client, format!("{base}/healthz")).await;
     assert_eq!(status, StatusCode::OK);

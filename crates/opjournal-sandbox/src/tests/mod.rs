@@ -5,7 +5,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::{Sandbox, SandboxConfig, spawn};
+use crate::{KeyCounts, Sandbox, SandboxConfig, spawn};
 
 mod faults;
 mod ledger;
@@ -102,4 +102,22 @@ pub(super) fn assert_error(body: &Value, code: &str) {
 
 pub(super) fn payment_body(order: &str) -> Value {
     json!({"amount_minor": 1250, "currency": "EUR", "order_id": order})
+}
+
+/// Asserts what the sandbox counted for `key`: `(requests, effects, lookups)`.
+#[track_caller]
+pub(super) fn assert_counts(
+    sandbox: &Sandbox,
+    key: &str,
+    (requests, effects, lookups): (u64, u64, u64),
+) {
+    assert_eq!(
+        sandbox.counts(key),
+        KeyCounts {
+            requests,
+            effects,
+            lookups
+        },
+        "the sandbox's counts for {key}"
+    );
 }

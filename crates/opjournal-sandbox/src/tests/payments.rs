@@ -108,14 +108,7 @@ async fn reused_key_with_other_body_is_refused() {
     assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_error(&reused.json().await.unwrap(), "idempotency_key_reused");
 
-    assert_eq!(
-        sandbox.counts(key),
-        KeyCounts {
-            requests: 2,
-            effects: 1,
-            lookups: 0
-        }
-    );
+    assert_counts(&sandbox, key, (2, 1, 0));
     let (_, stored) = get(
         &client,
         format!("{base}/v1/payments/by-idempotency-key/{key}"),
