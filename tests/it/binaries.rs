@@ -196,15 +196,14 @@ struct BurstCall {
     complete: Option<Result<(), tonic::Status>>,
 }
 
-/// An error as the client sees a server going away: UNAVAILABLE, including the transport
-/// errors (connection refused or reset) that tonic reports while a connection closes.
+/// An error as the Rust client sees a server going away: UNAVAILABLE (a stream refused by
+/// the server's GOAWAY included), or a transport error (connection refused or reset) that
+/// tonic reports while a connection closes.
 fn unavailable_as_seen(status: &tonic::Status) -> bool {
-    use std::error::Error as _;
-    status.code() == tonic::Code::Unavailable
-        || (status.code() == tonic::Code::Unknown
-            && status
-                .source()
-                .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some()))
+    let error = opjournal_client::ClientError::from(status.clone());
+    error.code == tonic::Code::Unavailable
+        || (error.code == tonic::Code::Unknown
+            && error.reason == opjournal_client::ErrorReason::Transport)
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

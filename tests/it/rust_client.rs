@@ -671,3 +671,62 @@ async fn a_success_whose_report_the_journal_refuses_is_verification_required_not
     assert_eq!(app.counts(PAYMENT_KEY).effects, 1);
     assert_eq!(app.counts(PAYMENT_KEY).requests, 1);
 }
+
+/// A server shutting down refuses the streams it has not taken with an HTTP/2 GOAWAY; such a
+/// call was never processed (RFC 9113 §6.8), so the client reports it `UNAVAILABLE` and
+/// transient, where tonic alone says `INTERNAL`.
+#[tokio::test]
+async fn a_call_refused_by_a_servers_goaway_is_unavailable_and_may_be_repeated() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    // An HTTP/2 server written frame by frame: it answers the client's SETTINGS and, on the
+    // first request's HEADERS, says GOAWAY (last stream id 0, NO_ERROR) and takes nothing.
+    let server = tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut preface = [0_u8; 24];
+        tcp.read_exact(&mut preface).await.unwrap();
+        tcp.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+        let mut headers_seen = 0;
+        loop {
+            let mut header = [0_u8; 9];
+            if tcp.read_exact(&mut header).await.is_err() {
+                return headers_seen;
+            }
+            let length = u32::from_be_bytes([0, header[0], header[1], header[2]]);
+            let mut payload = vec![0_u8; length as usize];
+            tcp.read_exact(&mut payload).await.unwrap();
+            match (header[3], header[4] & 1) {
+                // SETTINGS, not an acknowledgement: acknowledge it.
+                (4, 0) => tcp.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap(),
+                // HEADERS: go away without taking the stream.
+                (1, _) => {
+                    headers_seen += 1;
+                    let go_away = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+                    tcp.write_all(&go_away).await.unwrap();
+                }
+                _ => {}
+            }
+        }
+    });
+    let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client = JournalClient::new(channel).with_begin_retry(Duration::ZERO);
+    let error = client
+        .begin(&payment("goaway-1", 100))
+        .await
+        .expect_err("the server took nothing");
+    assert_eq!(error.code, Code::Unavailable, "{error}");
+    assert_eq!(error.reason, ErrorReason::Transport);
+    assert!(error.is_transient());
+    drop(client);
+    let headers_seen = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the connection closes")
+        .unwrap();
+    assert_eq!(headers_seen, 1);
+}

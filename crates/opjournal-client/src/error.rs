@@ -11,7 +11,8 @@ use tonic_types::StatusExt as _;
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{code:?} {reason}: {message}")]
 pub struct ClientError {
-    /// The gRPC code.
+    /// The gRPC code; `UNAVAILABLE` for a call the server refused unprocessed with an
+    /// HTTP/2 GOAWAY while shutting down (which tonic itself reports as `INTERNAL`).
     pub code: Code,
     /// The `ErrorInfo.reason`, typed.
     pub reason: ErrorReason,
@@ -82,7 +83,8 @@ impl ClientError {
     }
 
     /// Whether the same call may simply be sent again because its answer was lost or the
-    /// server could not act yet: `UNAVAILABLE` (unreachable server, `STORE_UNAVAILABLE`),
+    /// server could not act yet: `UNAVAILABLE` (unreachable server, `STORE_UNAVAILABLE`,
+    /// a call refused by a server's GOAWAY),
     /// `CANCELLED` and `DEADLINE_EXCEEDED` whatever the reason (the server's transport ends
     /// a call whose `grpc-timeout` passed with a bare `CANCELLED`), `UNKNOWN` without an
     /// `ErrorInfo` (a broken connection; not HTTP 431, headers over the server's limit), `ABORTED`/`CONCURRENT_MODIFICATION` and
@@ -127,8 +129,15 @@ impl From<Status> for ClientError {
                     .collect()
             })
             .unwrap_or_default();
+        // A stream the server refused with HTTP/2 GOAWAY was never processed (RFC 9113
+        // §6.8); tonic reports it as INTERNAL, gRPC's other transports as UNAVAILABLE.
+        let code = if refused_by_go_away(&status) {
+            Code::Unavailable
+        } else {
+            status.code()
+        };
         Self {
-            code: status.code(),
+            code,
             reason,
             message: message_with_causes(&status),
             field_violations,
@@ -136,6 +145,22 @@ impl From<Status> for ClientError {
             metadata,
         }
     }
+}
+
+/// Whether the call failed because the server said HTTP/2 GOAWAY (`NO_ERROR`, a graceful
+/// shutdown) before taking its stream: the server promises it did not process any stream
+/// above the GOAWAY's last stream id, so the call changed nothing and may be sent again on
+/// another connection (RFC 9113 §6.8). Any other GOAWAY reason or a stream closed after the
+/// server took it is not this case: such a call may have run.
+fn refused_by_go_away(status: &Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(error) = cause {
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR);
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// The status message followed by the causes of a client-side failure (a refused TLS
