@@ -9,31 +9,37 @@ use super::auth::{self, check_namespace};
 use super::convert;
 use super::status::journal_status;
 use crate::domain::access::Rpc;
+use crate::domain::error::JournalError;
 use crate::domain::model::OperationRecord;
 use crate::journal::{
-    BeginOutcome, BeginRequest, Complete, DeriveKey, Fail, Journal, ListOperations, OperationRef,
-    Renew, ReportUnknown,
+    BeginOutcome, BeginRequest, DeriveKey, Journal, ListOperations, OperationRef, UnderLease,
 };
 use crate::proto;
-use crate::proto::operation_journal_server::{OperationJournal, OperationJournalServer};
+use crate::proto::operation_journal_server::OperationJournal;
 use crate::telemetry::propagation;
 
-/// The `opjournal.v1.OperationJournal` service.
+/// The `opjournal.v1.OperationJournal` service over a [`Journal`]; served as
+/// `OperationJournalServer::new(JournalService(journal))`.
 #[derive(Clone)]
-pub struct JournalService {
-    journal: Journal,
-}
+pub struct JournalService(pub Journal);
 
-impl JournalService {
-    /// A service over `journal`.
-    pub fn new(journal: Journal) -> Self {
-        Self { journal }
-    }
-
-    /// The tonic server for this service.
-    pub fn into_server(self) -> OperationJournalServer<Self> {
-        OperationJournalServer::new(self)
-    }
+/// A lease holder's call (a report or a renewal): the caller's role for `rpc` and the
+/// namespace inside its lease token checked, the command run once by `run`, and the
+/// operation it left in the answer.
+///
+/// Errors: those of [`auth::command`], and the journal's (`journal_status`).
+async fn under_lease<R, C, Fut>(
+    request: Request<R>,
+    rpc: Rpc,
+    run: impl FnOnce(C) -> Fut,
+) -> Result<Option<proto::Operation>, Status>
+where
+    C: TryFrom<R, Error = JournalError> + UnderLease,
+    Fut: Future<Output = Result<OperationRecord, JournalError>>,
+{
+    let command = auth::command(request, rpc, |c: &C| &c.token().namespace)?;
+    let record = run(command).await.map_err(journal_status)?;
+    Ok(Some(convert::operation(&record)))
 }
 
 #[tonic::async_trait]
@@ -52,7 +58,7 @@ impl OperationJournal for JournalService {
             ..request
         };
         let outcome = self
-            .journal
+            .0
             .begin_request(request)
             .await
             .map_err(journal_status)?;
@@ -92,55 +98,10 @@ impl OperationJournal for JournalService {
         &self,
         request: Request<proto::CompleteOperationRequest>,
     ) -> Result<Response<proto::CompleteOperationResponse>, Status> {
-        let command = auth::command(request, Rpc::CompleteOperation, |c: &Complete| {
-            &c.token.namespace
-        })?;
-        let record = self
-            .journal
-            .complete(command)
-            .await
-            .map_err(journal_status)?;
+        let operation =
+            under_lease(request, Rpc::CompleteOperation, |c| self.0.complete(c)).await?;
         Ok(Response::new(proto::CompleteOperationResponse {
-            operation: Some(convert::operation(&record)),
-        }))
-    }
-
-    async fn fail_operation(
-        &self,
-        request: Request<proto::FailOperationRequest>,
-    ) -> Result<Response<proto::FailOperationResponse>, Status> {
-        let command = auth::command(request, Rpc::FailOperation, |c: &Fail| &c.token.namespace)?;
-        let record = self.journal.fail(command).await.map_err(journal_status)?;
-        Ok(Response::new(proto::FailOperationResponse {
-            operation: Some(convert::operation(&record)),
-        }))
-    }
-
-    async fn report_unknown_outcome(
-        &self,
-        request: Request<proto::ReportUnknownOutcomeRequest>,
-    ) -> Result<Response<proto::ReportUnknownOutcomeResponse>, Status> {
-        let command = auth::command(request, Rpc::ReportUnknownOutcome, |c: &ReportUnknown| {
-            &c.token.namespace
-        })?;
-        let record = self
-            .journal
-            .report_unknown(command)
-            .await
-            .map_err(journal_status)?;
-        Ok(Response::new(proto::ReportUnknownOutcomeResponse {
-            operation: Some(convert::operation(&record)),
-        }))
-    }
-
-    async fn renew_lease(
-        &self,
-        request: Request<proto::RenewLeaseRequest>,
-    ) -> Result<Response<proto::RenewLeaseResponse>, Status> {
-        let command = auth::command(request, Rpc::RenewLease, |c: &Renew| &c.token.namespace)?;
-        let record = self.journal.renew(command).await.map_err(journal_status)?;
-        Ok(Response::new(proto::RenewLeaseResponse {
-            operation: Some(convert::operation(&record)),
+            operation,
         }))
     }
 
@@ -149,10 +110,18 @@ impl OperationJournal for JournalService {
         request: Request<proto::GetOperationRequest>,
     ) -> Result<Response<proto::GetOperationResponse>, Status> {
         let operation = auth::command(request, Rpc::GetOperation, |c: &OperationRef| &c.namespace)?;
-        let record = self.journal.get(&operation).await.map_err(journal_status)?;
+        let record = self.0.get(&operation).await.map_err(journal_status)?;
         Ok(Response::new(proto::GetOperationResponse {
             operation: Some(convert::operation(&record)),
         }))
+    }
+
+    async fn fail_operation(
+        &self,
+        request: Request<proto::FailOperationRequest>,
+    ) -> Result<Response<proto::FailOperationResponse>, Status> {
+        let operation = under_lease(request, Rpc::FailOperation, |c| self.0.fail(c)).await?;
+        Ok(Response::new(proto::FailOperationResponse { operation }))
     }
 
     async fn derive_operation_key(
@@ -162,9 +131,22 @@ impl OperationJournal for JournalService {
         let command = auth::command(request, Rpc::DeriveOperationKey, |c: &DeriveKey| {
             &c.namespace
         })?;
-        let key = self.journal.derive_key(&command).map_err(journal_status)?;
+        let key = self.0.derive_key(&command).map_err(journal_status)?;
         Ok(Response::new(proto::DeriveOperationKeyResponse {
             operation_key: key.to_string(),
+        }))
+    }
+
+    async fn report_unknown_outcome(
+        &self,
+        request: Request<proto::ReportUnknownOutcomeRequest>,
+    ) -> Result<Response<proto::ReportUnknownOutcomeResponse>, Status> {
+        let operation = under_lease(request, Rpc::ReportUnknownOutcome, |c| {
+            self.0.report_unknown(c)
+        })
+        .await?;
+        Ok(Response::new(proto::ReportUnknownOutcomeResponse {
+            operation,
         }))
     }
 
@@ -175,11 +157,18 @@ impl OperationJournal for JournalService {
         let command = auth::command(request, Rpc::ListOperations, |c: &ListOperations| {
             &c.namespace
         })?;
-        let (records, next_page_token) =
-            self.journal.list(command).await.map_err(journal_status)?;
+        let (records, next_page_token) = self.0.list(command).await.map_err(journal_status)?;
         Ok(Response::new(proto::ListOperationsResponse {
             operations: records.iter().map(convert::operation).collect(),
             next_page_token,
         }))
+    }
+
+    async fn renew_lease(
+        &self,
+        request: Request<proto::RenewLeaseRequest>,
+    ) -> Result<Response<proto::RenewLeaseResponse>, Status> {
+        let operation = under_lease(request, Rpc::RenewLease, |c| self.0.renew(c)).await?;
+        Ok(Response::new(proto::RenewLeaseResponse { operation }))
     }
 }

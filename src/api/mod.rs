@@ -27,6 +27,8 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::journal::Journal;
+use crate::proto::operation_journal_server::OperationJournalServer;
+use crate::proto::reconciler_server::ReconcilerServer;
 use crate::reconcile::Reconciler;
 use crate::store::JournalStore;
 use crate::telemetry::Metrics;
@@ -166,11 +168,9 @@ pub async fn serve_with_health(
     let reload_stop = shutdown.clone();
     let stopped = drained(shutdown, reporter.clone(), options.drain_delay);
 
-    let journal = JournalService::new(journal)
-        .into_server()
+    let journal = OperationJournalServer::new(JournalService(journal))
         .max_decoding_message_size(options.max_message_bytes);
-    let reconciler = ReconcilerService::new(reconciler)
-        .into_server()
+    let reconciler = ReconcilerServer::new(ReconcilerService(reconciler))
         .max_decoding_message_size(options.max_message_bytes);
     let health_only = health_listener
         .map(|listener| HealthOnly::spawn(listener, &options.limits, health.clone()));

@@ -12,26 +12,13 @@ use super::status::journal_status;
 use crate::domain::access::Rpc;
 use crate::journal::OperationRef;
 use crate::proto;
-use crate::proto::reconciler_server::{Reconciler as ReconcilerRpc, ReconcilerServer};
+use crate::proto::reconciler_server::Reconciler as ReconcilerRpc;
 use crate::reconcile::{History, ReconcileAction, Reconciler, Resolve, ReviewQueue};
 
-/// The `opjournal.v1.Reconciler` service.
+/// The `opjournal.v1.Reconciler` service over a [`Reconciler`]; served as
+/// `ReconcilerServer::new(ReconcilerService(reconciler))`.
 #[derive(Clone)]
-pub struct ReconcilerService {
-    reconciler: Reconciler,
-}
-
-impl ReconcilerService {
-    /// A service over `reconciler`.
-    pub fn new(reconciler: Reconciler) -> Self {
-        Self { reconciler }
-    }
-
-    /// The tonic server for this service.
-    pub fn into_server(self) -> ReconcilerServer<Self> {
-        ReconcilerServer::new(self)
-    }
-}
+pub struct ReconcilerService(pub Reconciler);
 
 #[tonic::async_trait]
 impl ReconcilerRpc for ReconcilerService {
@@ -43,7 +30,7 @@ impl ReconcilerRpc for ReconcilerService {
             &c.namespace
         })?;
         let report = self
-            .reconciler
+            .0
             .reconcile_now(&operation)
             .await
             .map_err(journal_status)?;
@@ -69,7 +56,7 @@ impl ReconcilerRpc for ReconcilerService {
             &c.namespace
         })?;
         let (records, next_page_token) = self
-            .reconciler
+            .0
             .list_for_review(&command)
             .await
             .map_err(journal_status)?;
@@ -91,7 +78,7 @@ impl ReconcilerRpc for ReconcilerService {
         let command = Resolve::try_from(r).map_err(journal_status)?;
         check_namespace(&caller, &command.operation.namespace)?;
         let record = self
-            .reconciler
+            .0
             .resolve_by_reviewer(command)
             .await
             .map_err(journal_status)?;
@@ -107,11 +94,7 @@ impl ReconcilerRpc for ReconcilerService {
         let command = auth::command(request, Rpc::GetOperationHistory, |c: &History| {
             &c.operation.namespace
         })?;
-        let (events, next_page_token) = self
-            .reconciler
-            .history(&command)
-            .await
-            .map_err(journal_status)?;
+        let (events, next_page_token) = self.0.history(&command).await.map_err(journal_status)?;
         Ok(Response::new(proto::GetOperationHistoryResponse {
             events: events.iter().map(convert::event).collect(),
             next_page_token,

@@ -57,8 +57,9 @@ fn bad_request(
 }
 
 /// The status of a journal error: one gRPC code and one `ErrorInfo` reason per variant
-/// (docs/errors.md). Internal detail is logged, never sent. The match is exhaustive: each arm
-/// names the code; the reason is [`JournalError::reason`], itself exhaustive.
+/// (docs/errors.md). Internal detail is logged, never sent. The match is exhaustive, its arms
+/// grouped by gRPC code; each arm names the code; the reason is [`JournalError::reason`],
+/// itself exhaustive.
 pub fn journal_status(error: JournalError) -> Status {
     let reason = error.reason();
     let reason = reason.as_str();
@@ -79,6 +80,11 @@ pub fn journal_status(error: JournalError) -> Status {
             "is not configured in the policy file",
             HashMap::new(),
         ),
+        JournalError::NotFound => plain(
+            Code::NotFound,
+            reason,
+            "no operation with this key in this namespace",
+        ),
         JournalError::KeyReused => plain(
             Code::AlreadyExists,
             reason,
@@ -90,29 +96,24 @@ pub fn journal_status(error: JournalError) -> Status {
             reason,
             "the lease behind this token ended or was taken over; nothing was changed",
         ),
-        JournalError::OutcomeAlreadyRecorded {
-            status: current,
-            recorded_by,
-        } => outcome_already_recorded(reason, current, recorded_by),
         JournalError::Contention => retryable(
             Code::Aborted,
             reason,
             "the operation changed concurrently; retry the call",
             Duration::from_millis(50),
         ),
-        JournalError::NotFound => plain(
-            Code::NotFound,
-            reason,
-            "no operation with this key in this namespace",
-        ),
-        JournalError::NotReconcilable {
+        JournalError::OutcomeAlreadyRecorded {
             status: current,
-            lease_live,
-        } => not_reconcilable(reason, current, lease_live),
+            recorded_by,
+        } => outcome_already_recorded(reason, current, recorded_by),
         JournalError::OperationChanged {
             status: current,
             attempt_count,
         } => operation_changed(reason, current, attempt_count),
+        JournalError::NotReconcilable {
+            status: current,
+            lease_live,
+        } => not_reconcilable(reason, current, lease_live),
         JournalError::ReconcileInProgress => retryable(
             Code::FailedPrecondition,
             reason,

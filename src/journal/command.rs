@@ -31,6 +31,25 @@ impl OperationRef {
     }
 }
 
+/// A lease holder's command (a report or a renewal): made under the lease its token names,
+/// so the token's namespace is the one the caller must be allowed.
+pub trait UnderLease {
+    /// The lease the command is made under.
+    fn token(&self) -> &LeaseToken;
+}
+
+macro_rules! under_lease {
+    ($($command:ty),+) => {
+        $(impl UnderLease for $command {
+            fn token(&self) -> &LeaseToken {
+                &self.token
+            }
+        })+
+    };
+}
+
+under_lease!(Complete, Fail, ReportUnknown, Renew);
+
 /// A lease holder's report of a confirmed success (`CompleteOperation`).
 #[derive(Debug, Clone)]
 pub struct Complete {

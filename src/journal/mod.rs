@@ -35,7 +35,7 @@ mod reports;
 
 pub use begin::{BeginCommand, BeginOutcome, BeginRequest};
 pub use command::{
-    Complete, DeriveKey, Fail, ListOperations, OperationRef, Page, Renew, ReportUnknown,
+    Complete, DeriveKey, Fail, ListOperations, OperationRef, Page, Renew, ReportUnknown, UnderLease,
 };
 pub use lease_rules::LEASE_RULES_ENTRIES;
 use lease_rules::LeaseRules;

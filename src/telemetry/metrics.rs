@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _, ObservableGauge};
+use opentelemetry::metrics::{
+    AsyncInstrumentBuilder, Counter, Histogram, Meter, MeterProvider as _, ObservableGauge,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::error::JournalError;
@@ -237,16 +239,8 @@ fn count_gauge(
     description: &'static str,
     read: impl Fn() -> Option<u64> + Send + Sync + 'static,
 ) -> ObservableGauge<u64> {
-    meter
-        .u64_observable_gauge(name)
-        .with_unit("{operation}")
-        .with_description(description)
-        .with_callback(move |gauge| {
-            if let Some(value) = read() {
-                gauge.observe(value, &[]);
-            }
-        })
-        .build()
+    let gauge = meter.u64_observable_gauge(name).with_unit("{operation}");
+    observing(gauge, description, read).build()
 }
 
 /// A gauge of an age in seconds observing what `read` returns, when it returns one.
@@ -256,16 +250,23 @@ fn age_gauge(
     description: &'static str,
     read: impl Fn() -> Option<f64> + Send + Sync + 'static,
 ) -> ObservableGauge<f64> {
-    meter
-        .f64_observable_gauge(name)
-        .with_unit("s")
+    let gauge = meter.f64_observable_gauge(name).with_unit("s");
+    observing(gauge, description, read).build()
+}
+
+/// `gauge` described and observing what `read` returns, when it returns one.
+fn observing<'a, I, T: 'static>(
+    gauge: AsyncInstrumentBuilder<'a, I, T>,
+    description: &'static str,
+    read: impl Fn() -> Option<T> + Send + Sync + 'static,
+) -> AsyncInstrumentBuilder<'a, I, T> {
+    gauge
         .with_description(description)
         .with_callback(move |gauge| {
             if let Some(value) = read() {
                 gauge.observe(value, &[]);
             }
         })
-        .build()
 }
 
 impl std::fmt::Debug for Metrics {

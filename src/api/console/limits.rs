@@ -51,34 +51,19 @@ pub struct ConsoleLimits {
     pub allowed_hosts: Vec<String>,
 }
 
-/// Default connections open at once.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
-/// Default connections from one peer.
-pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 32;
-/// Default wait for a request's head.
-pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default wait for a request's body.
-pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default idle time of a connection.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default largest sign-in form: a token or a name, and the form's own token.
-pub const DEFAULT_SIGN_IN_MAX_BYTES: usize = 4096;
-/// Default sign-in burst per peer.
-pub const DEFAULT_SIGN_IN_BURST: u32 = 10;
-/// Default sign-ins per minute per peer.
-pub const DEFAULT_SIGN_IN_PER_MINUTE: u32 = 10;
-
 impl Default for ConsoleLimits {
+    /// 256 connections, 32 a peer; 5 s for a request's head, 10 s for its body, 60 s idle;
+    /// sign-in forms of at most 4 KiB, a burst of 10 a peer, then 10 a minute.
     fn default() -> Self {
         Self {
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
-            header_timeout: DEFAULT_HEADER_TIMEOUT,
-            body_timeout: DEFAULT_BODY_TIMEOUT,
-            idle_timeout: DEFAULT_IDLE_TIMEOUT,
-            sign_in_max_bytes: DEFAULT_SIGN_IN_MAX_BYTES,
-            sign_in_burst: DEFAULT_SIGN_IN_BURST,
-            sign_in_per_minute: DEFAULT_SIGN_IN_PER_MINUTE,
+            max_connections: 256,
+            max_connections_per_peer: 32,
+            header_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            sign_in_max_bytes: 4096,
+            sign_in_burst: 10,
+            sign_in_per_minute: 10,
             allowed_hosts: Vec::new(),
         }
     }
