@@ -131,13 +131,11 @@ fn journal_error(session: &Session, error: JournalError) -> Response {
 
 /// The queue page's filters and position.
 #[derive(Debug, Default, Deserialize)]
+#[serde(default)]
 pub struct QueueQuery {
     namespace: Option<String>,
-    #[serde(default)]
     action_type: String,
-    #[serde(default)]
     min_age: String,
-    #[serde(default)]
     page: String,
 }
 
@@ -223,12 +221,10 @@ pub async fn queue(
 
 /// Which operation a page shows.
 #[derive(Debug, Default, Deserialize)]
+#[serde(default)]
 pub struct OperationQuery {
-    #[serde(default)]
     namespace: String,
-    #[serde(default)]
     key: String,
-    #[serde(default)]
     resolved: String,
 }
 
@@ -328,24 +324,16 @@ async fn history(
 
 /// A resolve form: the decision, its fields, the reason, and the attempt the page showed.
 #[derive(Debug, Default, Deserialize)]
+#[serde(default)]
 pub struct ResolveForm {
-    #[serde(default)]
     csrf: String,
-    #[serde(default)]
     namespace: String,
-    #[serde(default)]
     key: String,
-    #[serde(default)]
     expected_attempt: String,
-    #[serde(default)]
     decision: String,
-    #[serde(default)]
     external_id: String,
-    #[serde(default)]
     result_json: String,
-    #[serde(default)]
     error_code: String,
-    #[serde(default)]
     reason: String,
 }
 
@@ -480,11 +468,10 @@ pub async fn resolve(
 
 /// The search form's fields.
 #[derive(Debug, Default, Deserialize)]
+#[serde(default)]
 pub struct SearchForm {
     namespace: Option<String>,
-    #[serde(default)]
     by: String,
-    #[serde(default)]
     q: String,
 }
 

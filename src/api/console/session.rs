@@ -232,13 +232,11 @@ pub(super) fn csrf_refusal(session: &Session, presented: &str) -> Option<Respons
 }
 
 /// The sign-in page's form.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
 pub struct SignInForm {
-    #[serde(default)]
     csrf: String,
-    #[serde(default)]
     token: String,
-    #[serde(default)]
     name: String,
 }
 
