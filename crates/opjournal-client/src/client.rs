@@ -273,14 +273,12 @@ impl JournalClient {
         namespace: &str,
         operation_key: &str,
     ) -> Result<Operation, ClientError> {
-        let request = self.request(proto::GetOperationRequest {
+        let request = proto::GetOperationRequest {
             namespace: namespace.to_owned(),
             operation_key: operation_key.to_owned(),
-        });
-        let response = self
-            .answer(self.journal.clone().get_operation(request))
-            .await?;
-        required(response.operation)
+        };
+        let call = self.journal.clone().get_operation(self.request(request));
+        required(self.answer(call).await?.operation)
     }
 
     /// `DeriveOperationKey`: the server's opaque, stable key (`ok_` and 52 characters of
@@ -316,12 +314,15 @@ impl JournalClient {
         namespace: &str,
         operation_key: &str,
     ) -> Result<proto::ReconcileOperationResponse, ClientError> {
-        let request = self.request(proto::ReconcileOperationRequest {
+        let request = proto::ReconcileOperationRequest {
             namespace: namespace.to_owned(),
             operation_key: operation_key.to_owned(),
-        });
-        self.answer(self.reconciler.clone().reconcile_operation(request))
-            .await
+        };
+        let call = self
+            .reconciler
+            .clone()
+            .reconcile_operation(self.request(request));
+        self.answer(call).await
     }
 }
 
