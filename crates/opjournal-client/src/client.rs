@@ -273,12 +273,15 @@ impl JournalClient {
         namespace: &str,
         operation_key: &str,
     ) -> Result<Operation, ClientError> {
-        let request = proto::GetOperationRequest {
+        let request = self.request(proto::GetOperationRequest {
             namespace: namespace.to_owned(),
             operation_key: operation_key.to_owned(),
-        };
-        let call = self.journal.clone().get_operation(self.request(request));
-        required(self.answer(call).await?.operation)
+        });
+        required(
+            self.answer(self.journal.clone().get_operation(request))
+                .await?
+                .operation,
+        )
     }
 
     /// `DeriveOperationKey`: the server's opaque, stable key (`ok_` and 52 characters of
@@ -314,15 +317,12 @@ impl JournalClient {
         namespace: &str,
         operation_key: &str,
     ) -> Result<proto::ReconcileOperationResponse, ClientError> {
-        let request = proto::ReconcileOperationRequest {
+        let request = self.request(proto::ReconcileOperationRequest {
             namespace: namespace.to_owned(),
             operation_key: operation_key.to_owned(),
-        };
-        let call = self
-            .reconciler
-            .clone()
-            .reconcile_operation(self.request(request));
-        self.answer(call).await
+        });
+        let mut reconciler = self.reconciler.clone();
+        self.answer(reconciler.reconcile_operation(request)).await
     }
 }
 
