@@ -25,7 +25,18 @@ fn is_identifier_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':')
 }
 
-fn check_length(field: &'static str, value: &str, max: usize) -> Result<(), JournalError> {
+/// One checked text field: `value` when it is 1 to `max` characters long and every
+/// character is `allowed`.
+///
+/// Errors: `INVALID_ARGUMENT` with a violation of `field`: reason `INVALID_FIELD_LENGTH`,
+/// or `reason` with `description` for a character not allowed.
+fn text_field(
+    field: &'static str,
+    value: &str,
+    max: usize,
+    allowed: impl Fn(char) -> bool,
+    (reason, description): (ErrorReason, &'static str),
+) -> Result<String, JournalError> {
     let chars = value.chars().count();
     if chars == 0 || chars > max {
         return Err(JournalError::invalid(
@@ -33,8 +44,37 @@ fn check_length(field: &'static str, value: &str, max: usize) -> Result<(), Jour
             FieldViolation::new(field, format!("must be 1 to {max} characters long")),
         ));
     }
-    Ok(())
+    if !value.chars().all(allowed) {
+        return Err(JournalError::invalid(
+            reason,
+            FieldViolation::new(field, description),
+        ));
+    }
+    Ok(value.to_owned())
 }
+
+/// What an identifier-like field (action type, error code) may hold.
+const IDENTIFIER: &str = "may hold only letters, digits, '.', '_', ':' and '-'";
+
+/// `as_str` and `Display` of a checked text newtype: its text, as parsed.
+macro_rules! text_newtype {
+    ($($name:ident),+) => {
+        $(impl $name {
+            /// The text, as parsed.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        })+
+    };
+}
+
+text_newtype!(Namespace, OperationKey, ActionType, ErrorCode, ExternalId);
 
 /// A tenant namespace: 1–100 characters of `[A-Za-z0-9._-]`; empty input means `default`.
 ///
@@ -53,33 +93,18 @@ impl Namespace {
     /// Parses the request's `namespace` field.
     pub fn parse(value: &str) -> Result<Self, JournalError> {
         if value.is_empty() {
-            return Ok(Self(DEFAULT_NAMESPACE.to_owned()));
+            return Ok(Self::default());
         }
-        check_length("namespace", value, MAX_NAMESPACE_CHARS)?;
-        if !value
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        {
-            return Err(JournalError::invalid(
-                ErrorReason::InvalidNamespace,
-                FieldViolation::new(
-                    "namespace",
-                    "may hold only letters, digits, '.', '_' and '-'",
-                ),
-            ));
-        }
-        Ok(Self(value.to_owned()))
-    }
-
-    /// The namespace as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for Namespace {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        let refused = "may hold only letters, digits, '.', '_' and '-'";
+        text_field(
+            "namespace",
+            value,
+            MAX_NAMESPACE_CHARS,
+            allowed,
+            (ErrorReason::InvalidNamespace, refused),
+        )
+        .map(Self)
     }
 }
 
@@ -101,28 +126,15 @@ fn is_invisible(c: char) -> bool {
 impl OperationKey {
     /// Parses the request's `operation_key` field.
     pub fn parse(value: &str) -> Result<Self, JournalError> {
-        check_length("operation_key", value, MAX_KEY_CHARS)?;
-        if value.chars().any(|c| c.is_control() || is_invisible(c)) {
-            return Err(JournalError::invalid(
-                ErrorReason::InvalidOperationKey,
-                FieldViolation::new(
-                    "operation_key",
-                    "must not contain control or invisible formatting characters",
-                ),
-            ));
-        }
-        Ok(Self(value.to_owned()))
-    }
-
-    /// The key as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for OperationKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        let refused = "must not contain control or invisible formatting characters";
+        text_field(
+            "operation_key",
+            value,
+            MAX_KEY_CHARS,
+            |c| !c.is_control() && !is_invisible(c),
+            (ErrorReason::InvalidOperationKey, refused),
+        )
+        .map(Self)
     }
 }
 
@@ -135,28 +147,15 @@ pub struct ActionType(String);
 impl ActionType {
     /// Parses the request's `action_type` field.
     pub fn parse(value: &str) -> Result<Self, JournalError> {
-        check_length("action_type", value, MAX_ACTION_TYPE_CHARS)?;
-        if !value.chars().all(is_identifier_char) {
-            return Err(JournalError::invalid(
-                ErrorReason::InvalidActionType,
-                FieldViolation::new(
-                    "action_type",
-                    "may hold only letters, digits, '.', '_', ':' and '-'",
-                ),
-            ));
-        }
-        Ok(Self(value.to_owned()))
-    }
-
-    /// The action type as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for ActionType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        let refused = (ErrorReason::InvalidActionType, IDENTIFIER);
+        text_field(
+            "action_type",
+            value,
+            MAX_ACTION_TYPE_CHARS,
+            is_identifier_char,
+            refused,
+        )
+        .map(Self)
     }
 }
 
@@ -173,27 +172,20 @@ impl ErrorCode {
         if value.is_empty() {
             return Ok(None);
         }
-        check_length("error_code", value, MAX_ERROR_CODE_CHARS)?;
-        if !value.chars().all(is_identifier_char) {
-            return Err(JournalError::invalid(
-                ErrorReason::InvalidErrorCode,
-                FieldViolation::new(
-                    "error_code",
-                    "may hold only letters, digits, '.', '_', ':' and '-'",
-                ),
-            ));
-        }
-        Ok(Some(Self(value.to_owned())))
+        let refused = (ErrorReason::InvalidErrorCode, IDENTIFIER);
+        text_field(
+            "error_code",
+            value,
+            MAX_ERROR_CODE_CHARS,
+            is_identifier_char,
+            refused,
+        )
+        .map(|code| Some(Self(code)))
     }
 
     /// A code set by the journal itself.
     pub fn internal(code: &'static str) -> Self {
         Self(code.to_owned())
-    }
-
-    /// The code as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
     }
 }
 
@@ -210,19 +202,18 @@ impl ExternalId {
         if value.is_empty() {
             return Ok(None);
         }
-        check_length("external_id", value, MAX_EXTERNAL_ID_CHARS)?;
-        if value.chars().any(char::is_control) {
-            return Err(JournalError::invalid(
-                ErrorReason::InvalidExternalId,
-                FieldViolation::new("external_id", "must not contain control characters"),
-            ));
-        }
-        Ok(Some(Self(value.to_owned())))
-    }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
+        let refused = (
+            ErrorReason::InvalidExternalId,
+            "must not contain control characters",
+        );
+        text_field(
+            "external_id",
+            value,
+            MAX_EXTERNAL_ID_CHARS,
+            |c| !c.is_control(),
+            refused,
+        )
+        .map(|id| Some(Self(id)))
     }
 }
 
