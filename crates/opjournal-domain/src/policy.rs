@@ -700,6 +700,15 @@ adapters:
             .unwrap_or_default()
     }
 
+    /// Asserts that the example policy with `original` replaced by each case's text is
+    /// refused with the case's message.
+    fn assert_each_refused(original: &str, cases: &[(&str, &str)]) {
+        for (replacement, expected) in cases {
+            let error = refusals(&EXAMPLE.replace(original, replacement));
+            assert!(error.contains(expected), "{replacement}: {error}");
+        }
+    }
+
     #[test]
     fn a_lookup_urls_host_is_the_one_written_however_it_is_spelled() {
         for url in [
@@ -744,49 +753,48 @@ adapters:
     #[test]
     fn a_lookup_url_naming_anything_but_the_provider_key_is_refused_with_the_reason() {
         let url = "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{provider_key}";
-        for (template, expected) in [
-            (
-                "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{operation_key}",
-                "adapters.payments.url: {operation_key} names the journal's key, which is not \
+        assert_each_refused(
+            url,
+            &[
+                (
+                    "http://127.0.0.1:8081/v1/payments/by-idempotency-key/{operation_key}",
+                    "adapters.payments.url: {operation_key} names the journal's key, which is not \
                  the key the provider was called with",
-            ),
-            (
-                "http://127.0.0.1:8081/v1/payments/{external_id}",
-                "adapters.payments.url: {external_id} asks about the provider's id",
-            ),
-            (
-                "http://127.0.0.1:8081/v1/{namespace}/payments/{provider_key}",
-                "adapters.payments.url: {namespace} is part of the provider key already",
-            ),
-            (
-                "http://127.0.0.1:8081/v1/payments/{key}",
-                "adapters.payments.url: {key} is not a lookup variable",
-            ),
-            (
-                "http://127.0.0.1:8081/v1/payments/latest",
-                "adapters.payments.url: must contain {provider_key}",
-            ),
-            (
-                "http://{provider_key}.example.com/v1/payments",
-                "adapters.payments.url: {provider_key} must be in the path or the query",
-            ),
-            (
-                "http://user:pw@127.0.0.1:8081/v1/payments/{provider_key}",
-                "adapters.payments.url: must not carry credentials",
-            ),
-            (
-                "http://127.0.0.1:8081/v1/payments#{provider_key}",
-                "adapters.payments.url: must not have a fragment",
-            ),
-            (
-                "ftp://127.0.0.1/{provider_key}",
-                "adapters.payments.url: must start with http:// or https://",
-            ),
-        ] {
-            let text = EXAMPLE.replace(url, template);
-            let error = refusals(&text);
-            assert!(error.contains(expected), "{template}: {error}");
-        }
+                ),
+                (
+                    "http://127.0.0.1:8081/v1/payments/{external_id}",
+                    "adapters.payments.url: {external_id} asks about the provider's id",
+                ),
+                (
+                    "http://127.0.0.1:8081/v1/{namespace}/payments/{provider_key}",
+                    "adapters.payments.url: {namespace} is part of the provider key already",
+                ),
+                (
+                    "http://127.0.0.1:8081/v1/payments/{key}",
+                    "adapters.payments.url: {key} is not a lookup variable",
+                ),
+                (
+                    "http://127.0.0.1:8081/v1/payments/latest",
+                    "adapters.payments.url: must contain {provider_key}",
+                ),
+                (
+                    "http://{provider_key}.example.com/v1/payments",
+                    "adapters.payments.url: {provider_key} must be in the path or the query",
+                ),
+                (
+                    "http://user:pw@127.0.0.1:8081/v1/payments/{provider_key}",
+                    "adapters.payments.url: must not carry credentials",
+                ),
+                (
+                    "http://127.0.0.1:8081/v1/payments#{provider_key}",
+                    "adapters.payments.url: must not have a fragment",
+                ),
+                (
+                    "ftp://127.0.0.1/{provider_key}",
+                    "adapters.payments.url: must start with http:// or https://",
+                ),
+            ],
+        );
         let query = EXAMPLE.replace(
             url,
             "https://api.example.com/v1/payments?key={provider_key}",
@@ -798,36 +806,35 @@ adapters:
     fn absence_rules_that_cannot_tell_a_wrong_route_from_a_missing_object_are_refused() {
         let rule =
             "absent_match: { pointer: /error, values: [not_found], key_pointer: /idempotency_key }";
-        for (replacement, expected) in [
-            (
-                "absent_match: { pointer: /error, values: [not_found] }",
-                "adapters.payments.absent_match: key_pointer is required with search_complete: true",
-            ),
-            (
-                "absent_statuses: [302]",
-                "adapters.payments.absent_statuses: 302 cannot mean \"not found\"",
-            ),
-            (
-                "absent_statuses: [200]",
-                "adapters.payments.absent_statuses: 200 cannot mean \"not found\"",
-            ),
-            (
-                "absent_statuses: [503]",
-                "adapters.payments.absent_statuses: 503 cannot mean \"not found\"",
-            ),
-            (
-                "absent_match: { pointer: /error, values: [], key_pointer: /idempotency_key }",
-                "adapters.payments.absent_match: values must name at least one value",
-            ),
-            (
-                "absent_match: { pointer: /error, values: [not_found], key_pointer: key }",
-                "adapters.payments.response: 'key' is not a JSON Pointer",
-            ),
-        ] {
-            let text = EXAMPLE.replace(rule, replacement);
-            let error = refusals(&text);
-            assert!(error.contains(expected), "{replacement}: {error}");
-        }
+        assert_each_refused(
+            rule,
+            &[
+                (
+                    "absent_match: { pointer: /error, values: [not_found] }",
+                    "adapters.payments.absent_match: key_pointer is required with search_complete: true",
+                ),
+                (
+                    "absent_statuses: [302]",
+                    "adapters.payments.absent_statuses: 302 cannot mean \"not found\"",
+                ),
+                (
+                    "absent_statuses: [200]",
+                    "adapters.payments.absent_statuses: 200 cannot mean \"not found\"",
+                ),
+                (
+                    "absent_statuses: [503]",
+                    "adapters.payments.absent_statuses: 503 cannot mean \"not found\"",
+                ),
+                (
+                    "absent_match: { pointer: /error, values: [], key_pointer: /idempotency_key }",
+                    "adapters.payments.absent_match: values must name at least one value",
+                ),
+                (
+                    "absent_match: { pointer: /error, values: [not_found], key_pointer: key }",
+                    "adapters.payments.response: 'key' is not a JSON Pointer",
+                ),
+            ],
+        );
         // Without a complete search, "not found" never releases: no key_pointer needed.
         let incomplete = EXAMPLE
             .replace(
