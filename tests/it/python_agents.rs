@@ -8,7 +8,7 @@ use crate::common;
 
 use std::path::PathBuf;
 
-use common::client_suites::{Row, repo, row, run_suite, tool, transitions};
+use common::client_suites::{Row, assert_transitions, repo, row, run_suite, tool, transitions};
 use common::*;
 use sqlx::PgPool;
 
@@ -67,16 +67,8 @@ async fn total_rows(app: &TestApp) -> i64 {
 
 /// Executed once, never taken over, never unknown: (none -> in_progress -> succeeded).
 async fn straight_to_succeeded(app: &TestApp, key: &str) {
-    let history = transitions(app, key).await;
-    let history: Vec<(Option<&str>, &str)> = history
-        .iter()
-        .map(|(from, to)| (from.as_deref(), to.as_str()))
-        .collect();
-    assert_eq!(
-        history,
-        [(None, "in_progress"), (Some("in_progress"), "succeeded")],
-        "{key}"
-    );
+    let expected = [(None, "in_progress"), (Some("in_progress"), "succeeded")];
+    assert_transitions(app, key, &expected).await;
 }
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]

@@ -7,8 +7,8 @@ use crate::common;
 use std::path::PathBuf;
 
 use common::client_suites::{
-    Row, assert_outcomes_recorded, check_stale_and_taken_over_leases, repo, row, run_suite,
-    spawn_with_client_token, tool, transitions,
+    Row, assert_outcomes_recorded, assert_transitions, check_stale_and_taken_over_leases, repo,
+    row, run_suite, spawn_with_client_token, tool, transitions,
 };
 use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
@@ -55,19 +55,16 @@ async fn the_python_client_runs_the_seven_step_check(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     pytest(&app, &["tests/test_seven_step_check.py"]).await;
 
-    let history = transitions(&app, PAYMENT_KEY).await;
-    let history: Vec<(Option<&str>, &str)> = history
-        .iter()
-        .map(|(from, to)| (from.as_deref(), to.as_str()))
-        .collect();
-    assert_eq!(
-        history,
-        [
+    assert_transitions(
+        &app,
+        PAYMENT_KEY,
+        &[
             (None, "in_progress"),
             (Some("in_progress"), "unknown"),
             (Some("unknown"), "succeeded"),
-        ]
-    );
+        ],
+    )
+    .await;
     let unknown_reason: Option<String> = sqlx::query_scalar(
         "SELECT reason FROM operation_events WHERE operation_key = $1 AND to_status = 'unknown'",
     )
@@ -248,22 +245,18 @@ async fn the_python_client_reports_a_lease_granted_to_a_cancelled_caller_unknown
     for key in ["py:cancel:async", "py:cancel:sync"] {
         // Registered, reported unknown before any provider call, released by the lookup,
         // then executed once.
-        let history = transitions(&app, key).await;
-        let history: Vec<(Option<&str>, &str)> = history
-            .iter()
-            .map(|(from, to)| (from.as_deref(), to.as_str()))
-            .collect();
-        assert_eq!(
-            history,
-            [
+        assert_transitions(
+            &app,
+            key,
+            &[
                 (None, "in_progress"),
                 (Some("in_progress"), "unknown"),
                 (Some("unknown"), "pending"),
                 (Some("pending"), "in_progress"),
                 (Some("in_progress"), "succeeded"),
             ],
-            "{key}"
-        );
+        )
+        .await;
         let counts = app.counts(key);
         assert_eq!((counts.requests, counts.effects), (1, 1), "{key}");
     }

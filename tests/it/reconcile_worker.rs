@@ -42,6 +42,22 @@ async fn unreached_payment(app: &TestApp, action: &str) {
     unknown_payment(app, PAYMENT_KEY, action, "fail-before-store").await;
 }
 
+/// Begins `count` operations `payment:<name>-<i>` of `create_payment_bulk` that never call
+/// the provider and reports each unknown; their keys.
+async fn unknown_without_effect(app: &TestApp, name: &str, count: usize) -> Vec<String> {
+    let mut keys = Vec::new();
+    for i in 0..count {
+        let key = format!("payment:{name}-{i}");
+        let begin = app
+            .begin(&key, "create_payment_bulk", PAY_817)
+            .await
+            .unwrap();
+        app.report_unknown(&begin.lease_token).await;
+        keys.push(key);
+    }
+    keys
+}
+
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn a_holder_that_dies_after_the_effect_is_swept_to_unknown_and_settled_by_lookup(
     pool: PgPool,
@@ -202,16 +218,7 @@ async fn definitive_absence_after_the_grace_window_releases_the_key_for_retry(po
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn two_replicas_look_each_due_operation_up_exactly_once(pool: PgPool) {
     let app = TestApp::spawn_with(pool, SandboxConfig::default(), 3600).await;
-    let mut keys = Vec::new();
-    for i in 0..200 {
-        let key = format!("payment:bulk-{i}");
-        let begin = app
-            .begin(&key, "create_payment_bulk", PAY_817)
-            .await
-            .unwrap();
-        app.report_unknown(&begin.lease_token).await;
-        keys.push(key);
-    }
+    let keys = unknown_without_effect(&app, "bulk", 200).await;
     let drain = |worker: Worker| async move {
         let mut looked_up = 0;
         loop {
@@ -510,16 +517,7 @@ fn worker_with_adapter(
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn slow_lookups_are_never_repeated_by_another_replica(pool: PgPool) {
     let app = TestApp::spawn_with(pool, SandboxConfig::default(), 3600).await;
-    let mut keys = Vec::new();
-    for i in 0..16 {
-        let key = format!("payment:slow-{i}");
-        let begin = app
-            .begin(&key, "create_payment_bulk", PAY_817)
-            .await
-            .unwrap();
-        app.report_unknown(&begin.lease_token).await;
-        keys.push(key);
-    }
+    let keys = unknown_without_effect(&app, "slow", 16).await;
     // Each lookup takes 0.7 s; the claim hold is 1.5 s; a batch of 16 at 4 at a time takes
     // about 3 s, so a batch claimed at once would be claimed again by the other replica.
     let config = WorkerConfig {

@@ -1860,6 +1860,21 @@ async fn the_hot_path_takes_one_store_call_per_request(fx: &Fixture) {
     assert_eq!(renewed.unwrap().result_json, kept.result_json);
 }
 
+/// Asserts that each of `reports` was refused with `code` and the `ErrorInfo` reason
+/// `expected`.
+fn assert_refused<T: std::fmt::Debug>(
+    reports: impl IntoIterator<Item = Result<T, opjournal::domain::error::JournalError>>,
+    code: tonic::Code,
+    expected: &str,
+) {
+    use tonic_types::StatusExt as _;
+    for report in reports {
+        let status = opjournal::api::status::journal_status(report.unwrap_err());
+        let reason = status.get_details_error_info().map(|info| info.reason);
+        assert_eq!((status.code(), reason.as_deref()), (code, Some(expected)));
+    }
+}
+
 async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
     use tonic_types::StatusExt as _;
     let policy = Arc::new(Policy::builtin());
@@ -1942,25 +1957,21 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
             .await
             .unwrap();
         assert_eq!(again.updated_at, done.updated_at);
-        for refused in [
-            reporter
-                .fail(Fail::new(&token, "card_declined").unwrap())
-                .await,
-            reporter
-                .report_unknown(ReportUnknown::new(&token, "").unwrap())
-                .await,
-            reporter
-                .complete(Complete::new(&token, "pay_2", result).unwrap())
-                .await,
-        ] {
-            assert_eq!(
-                reason(refused.unwrap_err()),
-                (
-                    tonic::Code::FailedPrecondition,
-                    "OUTCOME_ALREADY_RECORDED".into()
-                )
-            );
-        }
+        assert_refused(
+            [
+                reporter
+                    .fail(Fail::new(&token, "card_declined").unwrap())
+                    .await,
+                reporter
+                    .report_unknown(ReportUnknown::new(&token, "").unwrap())
+                    .await,
+                reporter
+                    .complete(Complete::new(&token, "pay_2", result).unwrap())
+                    .await,
+            ],
+            tonic::Code::FailedPrecondition,
+            "OUTCOME_ALREADY_RECORDED",
+        );
         assert_eq!(fx.history(key).await.len(), 3);
     }
     // A lease taken over after it ended is lost to its first holder, kept or not.
@@ -1982,47 +1993,45 @@ async fn reports_answer_as_before_whatever_the_lease_state(fx: &Fixture) {
         .unwrap();
     let taken_by = token(&taken_by);
     assert_eq!(taken_by.attempt, 2);
-    for report in [
-        journal
-            .complete(Complete::new(&first.encode(), "pay_1", result).unwrap())
-            .await,
-        journal
-            .fail(Fail::new(&first.encode(), "card_declined").unwrap())
-            .await,
-        replica
-            .report_unknown(ReportUnknown::new(&first.encode(), "").unwrap())
-            .await,
-    ] {
-        assert_eq!(
-            reason(report.unwrap_err()),
-            (tonic::Code::Aborted, "LEASE_LOST".into())
-        );
-    }
+    assert_refused(
+        [
+            journal
+                .complete(Complete::new(&first.encode(), "pay_1", result).unwrap())
+                .await,
+            journal
+                .fail(Fail::new(&first.encode(), "card_declined").unwrap())
+                .await,
+            replica
+                .report_unknown(ReportUnknown::new(&first.encode(), "").unwrap())
+                .await,
+        ],
+        tonic::Code::Aborted,
+        "LEASE_LOST",
+    );
     // A token whose operation is missing: not found, whatever the result.
     let missing = LeaseToken {
         operation_key: OperationKey::parse("missing").unwrap(),
         ..taken_by.clone()
     };
     let too_deep = format!("{}1{}", "[".repeat(100), "]".repeat(100));
-    for report in [
-        journal
-            .complete(Complete::new(&missing.encode(), "pay_1", result).unwrap())
-            .await,
-        journal
-            .complete(Complete::new(&missing.encode(), "", "").unwrap())
-            .await,
-        journal
-            .fail(Fail::new(&missing.encode(), "card_declined").unwrap())
-            .await,
-        journal
-            .report_unknown(ReportUnknown::new(&missing.encode(), "").unwrap())
-            .await,
-    ] {
-        assert_eq!(
-            reason(report.unwrap_err()),
-            (tonic::Code::NotFound, "OPERATION_NOT_FOUND".into())
-        );
-    }
+    assert_refused(
+        [
+            journal
+                .complete(Complete::new(&missing.encode(), "pay_1", result).unwrap())
+                .await,
+            journal
+                .complete(Complete::new(&missing.encode(), "", "").unwrap())
+                .await,
+            journal
+                .fail(Fail::new(&missing.encode(), "card_declined").unwrap())
+                .await,
+            journal
+                .report_unknown(ReportUnknown::new(&missing.encode(), "").unwrap())
+                .await,
+        ],
+        tonic::Code::NotFound,
+        "OPERATION_NOT_FOUND",
+    );
     assert_eq!(
         reason(
             journal

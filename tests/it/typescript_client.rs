@@ -7,8 +7,8 @@ use crate::common;
 use std::path::PathBuf;
 
 use common::client_suites::{
-    assert_outcomes_recorded, check_stale_and_taken_over_leases, repo, row, run_suite,
-    spawn_with_client_token, transitions,
+    assert_outcomes_recorded, assert_transitions, check_stale_and_taken_over_leases, repo, row,
+    run_suite, spawn_with_client_token,
 };
 use common::seven_steps::check_exactly_one_effect_and_the_conflict;
 use common::*;
@@ -48,19 +48,16 @@ async fn the_typescript_client_runs_the_seven_step_check(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     node_test(&app, "seven_step_check.test.js").await;
 
-    let history = transitions(&app, PAYMENT_KEY).await;
-    let history: Vec<(Option<&str>, &str)> = history
-        .iter()
-        .map(|(from, to)| (from.as_deref(), to.as_str()))
-        .collect();
-    assert_eq!(
-        history,
-        [
+    assert_transitions(
+        &app,
+        PAYMENT_KEY,
+        &[
             (None, "in_progress"),
             (Some("in_progress"), "unknown"),
             (Some("unknown"), "succeeded"),
-        ]
-    );
+        ],
+    )
+    .await;
     // Exactly one effect; Begin replays; another payload is IDEMPOTENCY_KEY_REUSED.
     check_exactly_one_effect_and_the_conflict(&app).await;
     assert_eq!(app.counts(PAYMENT_KEY).lookups, 1);

@@ -136,6 +136,17 @@ pub async fn transitions(app: &TestApp, key: &str) -> Vec<(Option<String>, Strin
     .unwrap()
 }
 
+/// Asserts that the operation `key` of the `default` namespace moved through exactly
+/// `expected` (from, to) statuses, in order.
+pub async fn assert_transitions(app: &TestApp, key: &str, expected: &[(Option<&str>, &str)]) {
+    let history = transitions(app, key).await;
+    let history: Vec<(Option<&str>, &str)> = history
+        .iter()
+        .map(|(from, to)| (from.as_deref(), to.as_str()))
+        .collect();
+    assert_eq!(history, expected, "{key}");
+}
+
 /// The bearer token the client suites' authentication tests send: a client of `tenant-a`.
 pub const CLIENT_TOKEN: &str = "tok-clients.4d9e1f7a2b6c0835";
 
