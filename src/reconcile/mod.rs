@@ -142,11 +142,6 @@ impl Reconciler {
         self
     }
 
-    /// The store behind the reconciler.
-    pub fn store(&self) -> &Arc<dyn JournalStore> {
-        &self.store
-    }
-
     /// The name recorded in the history for this reconciler's transitions.
     pub fn actor(&self) -> &str {
         &self.actor
