@@ -16,7 +16,10 @@ mod binaries;
 mod client_scenarios;
 mod console_browser;
 mod console_http;
+// `opjournal dev` and `opjournal demo` exist with the feature `dev` (the default).
+#[cfg(feature = "dev")]
 mod demo;
+#[cfg(feature = "dev")]
 mod dev_mode;
 mod embedded_journal;
 mod go_client;
