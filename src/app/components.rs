@@ -162,7 +162,7 @@ pub fn webhook_config(
     };
     Ok(Some(crate::reconcile::webhook::WebhookConfig {
         url: reqwest::Url::parse(url.expose()).map_err(|_| "webhook.url: not a URL".to_owned())?,
-        secret: WebhookSecret::parse(secret.expose())?,
+        secret: WebhookSecret::parse(secret.expose()).map_err(|e| e.to_string())?,
         timeout: config.webhook.timeout,
         claim_lease: config.webhook.claim_hold,
         schedule: RetrySchedule {

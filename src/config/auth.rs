@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, tokens_file};
-use crate::domain::access::{NamespaceScope, Principal, Role, TokenDigest, TokenRegistry};
+use crate::domain::access::{
+    NamespaceScope, Principal, Role, TokenDigest, TokenDigestError, TokenRegistry,
+};
 use crate::domain::model::Namespace;
 
 /// `[auth]` settings.
@@ -68,26 +70,56 @@ pub struct TokenSettings {
     pub roles: Vec<Role>,
 }
 
+/// Why one `[[tokens]]` entry is invalid: the field at fault (its name first in the message)
+/// and what is wrong with it. No message quotes the digest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TokenSettingsError {
+    /// `name` is empty, longer than 200 characters or holds a control character.
+    #[error("name: must be 1 to 200 characters without control characters")]
+    Name,
+    /// `sha256` is not 64 hexadecimal characters.
+    #[error("sha256: {0}")]
+    Sha256(#[from] TokenDigestError),
+    /// `namespaces` is empty.
+    #[error("namespaces: must name at least one namespace, or \"*\"")]
+    NoNamespaces,
+    /// An entry of `namespaces` is not a namespace name, or `"*"` is given with others.
+    #[error("namespaces: each must be a namespace name, or \"*\" alone")]
+    Namespace,
+    /// `roles` is empty.
+    #[error("roles: must name at least one of client, reviewer, admin")]
+    NoRoles,
+    /// `roles` holds both `client` and `reviewer`: the agent could approve its own unknown
+    /// operations.
+    #[error(
+        "roles: the token named {name:?} holds both client and reviewer; one token may not do \
+         both (an agent could approve its own unknown operations): give the reviewer a token \
+         of its own"
+    )]
+    ClientAndReviewer {
+        /// The token's `name` (the holder's, never a secret).
+        name: String,
+    },
+}
+
 impl TokenSettings {
     /// The digest and principal this entry describes.
     ///
     /// Errors: an invalid field, described without quoting the digest.
-    fn principal(&self) -> Result<(TokenDigest, Principal), String> {
+    fn principal(&self) -> Result<(TokenDigest, Principal), TokenSettingsError> {
         let chars = self.name.chars().count();
         if chars == 0 || chars > 200 || self.name.chars().any(char::is_control) {
-            return Err("name: must be 1 to 200 characters without control characters".into());
+            return Err(TokenSettingsError::Name);
         }
-        let digest = TokenDigest::parse_hex(&self.sha256).map_err(|e| format!("sha256: {e}"))?;
+        let digest = TokenDigest::parse_hex(&self.sha256)?;
         let namespaces = match self.namespaces.as_slice() {
-            [] => return Err("namespaces: must name at least one namespace, or \"*\"".into()),
+            [] => return Err(TokenSettingsError::NoNamespaces),
             [all] if all == "*" => NamespaceScope::Any,
             names => {
                 let mut scope = std::collections::BTreeSet::new();
                 for name in names {
                     if name.is_empty() || name == "*" || Namespace::parse(name).is_err() {
-                        return Err(
-                            "namespaces: each must be a namespace name, or \"*\" alone".into()
-                        );
+                        return Err(TokenSettingsError::Namespace);
                     }
                     scope.insert(name.clone());
                 }
@@ -95,16 +127,13 @@ impl TokenSettings {
             }
         };
         if self.roles.is_empty() {
-            return Err("roles: must name at least one of client, reviewer, admin".into());
+            return Err(TokenSettingsError::NoRoles);
         }
         if self.roles.contains(&Role::Client) && self.roles.contains(&Role::Reviewer) {
             // The name is the holder's, never a secret; the digest is not quoted.
-            return Err(format!(
-                "roles: the token named {:?} holds both client and reviewer; one token may \
-                 not do both (an agent could approve its own unknown operations): give the \
-                 reviewer a token of its own",
-                self.name
-            ));
+            return Err(TokenSettingsError::ClientAndReviewer {
+                name: self.name.clone(),
+            });
         }
         Ok((
             digest,

@@ -13,7 +13,7 @@ use opjournal::proto::{
 };
 use tonic::transport::Channel;
 
-use crate::load::{CallOutcome, Recorder};
+use crate::load::{CallFailure, CallOutcome, Recorder};
 
 /// The action type every scenario uses (the benchmark's policy reconciles it through the
 /// sandbox provider's search by key).
@@ -61,11 +61,11 @@ fn expect_decision(response: &BeginOperationResponse, expected: Decision) -> Cal
     if decision == expected {
         Ok(())
     } else {
-        Err(format!(
+        Err(CallFailure::new(format!(
             "expected {}, got {}",
             expected.as_str_name(),
             decision.as_str_name()
-        ))
+        )))
     }
 }
 
@@ -85,10 +85,10 @@ pub async fn lifecycle(
     recorder.record("begin", started.elapsed());
     let response = match begun {
         Ok(response) => response,
-        Err(error) => return (Err(format!("Begin: {error}")), recorder),
+        Err(error) => return (Err(CallFailure::new(format!("Begin: {error}"))), recorder),
     };
     if let Err(error) = expect_decision(&response, Decision::Execute) {
-        return (Err(format!("Begin: {error}")), recorder);
+        return (Err(CallFailure::new(format!("Begin: {error}"))), recorder);
     }
     let sent_complete = Instant::now();
     let completed = client
@@ -103,7 +103,10 @@ pub async fn lifecycle(
     match completed {
         Ok(_) => (Ok(()), recorder),
         Err(status) => (
-            Err(format!("Complete: {}", ClientError::from(status))),
+            Err(CallFailure::new(format!(
+                "Complete: {}",
+                ClientError::from(status)
+            ))),
             recorder,
         ),
     }
@@ -120,7 +123,7 @@ pub async fn replay(
     let (answer, recorder) = timed_begin(channel, namespace, key, payload, recorder).await;
     let outcome = match answer {
         Ok(response) => expect_decision(&response, Decision::Replay),
-        Err(error) => Err(format!("Begin: {error}")),
+        Err(error) => Err(CallFailure::new(format!("Begin: {error}"))),
     };
     (outcome, recorder)
 }
@@ -137,13 +140,15 @@ pub async fn conflict(
     let (answer, recorder) = timed_begin(channel, namespace, key, payload, recorder).await;
     let outcome = match answer {
         Err(error) if error.reason == ErrorReason::IdempotencyKeyReused => Ok(()),
-        Err(error) => Err(format!("expected IDEMPOTENCY_KEY_REUSED, got {error}")),
-        Ok(response) => Err(format!(
+        Err(error) => Err(CallFailure::new(format!(
+            "expected IDEMPOTENCY_KEY_REUSED, got {error}"
+        ))),
+        Ok(response) => Err(CallFailure::new(format!(
             "expected IDEMPOTENCY_KEY_REUSED, got {}",
             Decision::try_from(response.decision)
                 .unwrap_or(Decision::Unspecified)
                 .as_str_name()
-        )),
+        ))),
     };
     (outcome, recorder)
 }

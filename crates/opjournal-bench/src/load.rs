@@ -162,7 +162,27 @@ pub async fn connect_all(address: &str, count: usize) -> anyhow::Result<Vec<Chan
 }
 
 /// What one call of a scenario returned: Ok, or an unexpected answer described.
-pub type CallOutcome = Result<(), String>;
+pub type CallOutcome = Result<(), CallFailure>;
+
+/// An unexpected answer to a scenario's call, described for the report's `first_error`.
+/// Free text: it names the call (`Begin`, `Complete`) and either the client's error or the
+/// decision expected and the one received; the run only counts failures and shows the first,
+/// so nothing tells the kinds apart.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct CallFailure {
+    /// The description, as the report shows it.
+    pub message: String,
+}
+
+impl CallFailure {
+    /// A failure described by `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
 
 /// Runs `op` from `channels.len()` clients in a closed loop for `warmup + duration`;
 /// only the last `duration` is measured. `op(channel, client, sequence, recorder)` does one
@@ -208,7 +228,7 @@ where
                     Ok(()) => ok += 1,
                     Err(error) => {
                         errors += 1;
-                        first_error.get_or_insert(error);
+                        first_error.get_or_insert(error.message);
                     }
                 }
             }
@@ -314,7 +334,7 @@ where
                     Ok(()) => ok += 1,
                     Err(error) => {
                         errors += 1;
-                        first_error.get_or_insert(error);
+                        first_error.get_or_insert(error.message);
                     }
                 }
             }

@@ -220,8 +220,24 @@ impl Verdict {
     }
 }
 
+/// An acknowledged report the journal no longer holds: what the journal holds instead, as
+/// the lost-write example of the report describes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the journal holds {} ({external_id:?}) at attempt {attempt_count}",
+    status_name(*status)
+)]
+struct NotKept {
+    /// The operation's status in the journal.
+    status: OperationStatus,
+    /// The provider's id the journal holds, if any.
+    external_id: Option<String>,
+    /// The journal's attempt count.
+    attempt_count: i32,
+}
+
 /// Whether the journal still holds what `ack` acknowledged; `Err` says what it holds.
-fn kept(ack: &Ack, row: &Operation, history: Option<&Vec<OperationEvent>>) -> Result<(), String> {
+fn kept(ack: &Ack, row: &Operation, history: Option<&Vec<OperationEvent>>) -> Result<(), NotKept> {
     let status = OperationStatus::try_from(row.status).unwrap_or(OperationStatus::Unspecified);
     let holds = |want: OperationStatus, external_id: Option<&String>| {
         status == want && (external_id.is_none() || row.external_id.as_ref() == external_id)
@@ -252,12 +268,11 @@ fn kept(ack: &Ack, row: &Operation, history: Option<&Vec<OperationEvent>>) -> Re
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "the journal holds {} ({:?}) at attempt {}",
-            status_name(status),
-            row.external_id,
-            row.attempt_count
-        ))
+        Err(NotKept {
+            status,
+            external_id: row.external_id.clone(),
+            attempt_count: row.attempt_count,
+        })
     }
 }
 

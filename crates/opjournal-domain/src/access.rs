@@ -255,10 +255,9 @@ impl TokenDigest {
     /// Parses 64 hexadecimal characters (either case).
     ///
     /// Errors: anything else, described without quoting the value.
-    pub fn parse_hex(text: &str) -> Result<Self, String> {
+    pub fn parse_hex(text: &str) -> Result<Self, TokenDigestError> {
         let mut bytes = [0_u8; 32];
-        hex::decode_to_slice(text, &mut bytes)
-            .map_err(|_| "must be 64 hexadecimal characters (a SHA-256)".to_owned())?;
+        hex::decode_to_slice(text, &mut bytes).map_err(|_| TokenDigestError)?;
         Ok(Self(bytes))
     }
 }
@@ -267,6 +266,32 @@ impl fmt::Debug for TokenDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("TokenDigest(..)")
     }
+}
+
+/// A token's `sha256` that is not 64 hexadecimal characters. The message never quotes the
+/// value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("must be 64 hexadecimal characters (a SHA-256)")]
+pub struct TokenDigestError;
+
+/// Why a set of tokens cannot form a registry. The messages name the tokens, never their
+/// digests.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenRegistryError {
+    /// Two tokens have one `sha256`, so one presented token would stand for both names.
+    #[error("tokens {first} and {second} have the same sha256")]
+    SameSha256 {
+        /// The name of the token configured first.
+        first: String,
+        /// The name of the token configured later.
+        second: String,
+    },
+    /// Two tokens have one `name`, which the history could not tell apart.
+    #[error("two tokens are named {name}")]
+    SameName {
+        /// The name both tokens have.
+        name: String,
+    },
 }
 
 /// The configured tokens, by digest.
@@ -281,18 +306,20 @@ impl TokenRegistry {
     /// Errors: two entries with one digest or one name (the message names the token).
     pub fn new(
         entries: impl IntoIterator<Item = (TokenDigest, Principal)>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, TokenRegistryError> {
         let mut registry = Self::default();
         for (digest, principal) in entries {
             for (known, other) in &registry.entries {
                 if *known == digest {
-                    return Err(format!(
-                        "tokens {} and {} have the same sha256",
-                        other.name, principal.name
-                    ));
+                    return Err(TokenRegistryError::SameSha256 {
+                        first: other.name.clone(),
+                        second: principal.name,
+                    });
                 }
                 if other.name == principal.name {
-                    return Err(format!("two tokens are named {}", principal.name));
+                    return Err(TokenRegistryError::SameName {
+                        name: principal.name,
+                    });
                 }
             }
             registry.entries.push((digest, Arc::new(principal)));

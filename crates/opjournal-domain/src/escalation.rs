@@ -180,23 +180,37 @@ impl std::fmt::Debug for WebhookSecret {
     }
 }
 
+/// Why a webhook signing secret is refused. No message repeats the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WebhookSecretError {
+    /// The text does not start with `whsec_`.
+    #[error("must start with whsec_ followed by base64")]
+    MissingPrefix,
+    /// What follows `whsec_` is not base64.
+    #[error("the part after whsec_ must be base64")]
+    NotBase64,
+    /// The decoded secret is shorter than [`MIN_SECRET_BYTES`] bytes.
+    #[error(
+        "must hold at least {MIN_SECRET_BYTES} bytes (base64 of {MIN_SECRET_BYTES} random \
+         bytes after whsec_)"
+    )]
+    TooShort,
+}
+
 impl WebhookSecret {
     /// Parses `whsec_<base64>`.
     ///
-    /// Errors: a message that never repeats the value: missing prefix, not base64, or
-    /// shorter than [`MIN_SECRET_BYTES`] bytes.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    /// Errors: a missing prefix, a part after it that is not base64, or a secret shorter
+    /// than [`MIN_SECRET_BYTES`] bytes; no message repeats the value.
+    pub fn parse(text: &str) -> Result<Self, WebhookSecretError> {
         let encoded = text
             .strip_prefix("whsec_")
-            .ok_or("must start with whsec_ followed by base64")?;
+            .ok_or(WebhookSecretError::MissingPrefix)?;
         let key = BASE64
             .decode(encoded.trim())
-            .map_err(|_| "the part after whsec_ must be base64")?;
+            .map_err(|_| WebhookSecretError::NotBase64)?;
         if key.len() < MIN_SECRET_BYTES {
-            return Err(format!(
-                "must hold at least {MIN_SECRET_BYTES} bytes (base64 of {MIN_SECRET_BYTES} \
-                 random bytes after whsec_)"
-            ));
+            return Err(WebhookSecretError::TooShort);
         }
         Ok(Self(key))
     }
@@ -336,7 +350,9 @@ mod tests {
     #[test]
     fn the_signature_is_the_standard_webhooks_one() {
         // A 24-byte secret (the specification allows it) is refused: 32 bytes at least.
-        let short = WebhookSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap_err();
+        let short = WebhookSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+            .unwrap_err()
+            .to_string();
         assert!(short.contains("32 bytes"), "{short}");
         let key = BASE64.encode([7u8; 32]);
         let secret = WebhookSecret::parse(&format!("whsec_{key}")).unwrap();

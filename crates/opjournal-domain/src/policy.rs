@@ -19,7 +19,8 @@ mod validation;
 pub use super::policy_file::{PolicyError, PolicyProblem};
 pub use adapter::{
     AdapterConfig, BodyMatch, GrpcAdapterConfig, HeaderFromEnv, HttpAdapterConfig,
-    NOT_SERVED_STATUSES, ResponseMapping, URL_VARIABLES, validate_http, validate_url_template,
+    NOT_SERVED_STATUSES, ResponseMapping, URL_VARIABLES, UrlTemplateError, validate_http,
+    validate_url_template,
 };
 
 /// Default lease length, in seconds.
@@ -745,7 +746,7 @@ adapters:
                 "must be in the path or the query",
             ),
         ] {
-            let error = validate_url_template(url).unwrap_err();
+            let error = validate_url_template(url).unwrap_err().to_string();
             assert!(error.contains(expected), "{url}: {error}");
         }
     }

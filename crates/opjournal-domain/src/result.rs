@@ -227,24 +227,52 @@ pub fn keep_fields(value: &Value, pointers: &[String]) -> Value {
     Value::Object(kept)
 }
 
+/// Why a keep list (`result.keep`, an http adapter's `response.keep_fields`) is refused; the
+/// message names the pointer or the stored field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeepError {
+    /// An entry that does not start with `/`.
+    #[error("'{pointer}' is not a JSON Pointer (must start with '/')")]
+    NotAPointer {
+        /// The entry, as written.
+        pointer: String,
+    },
+    /// A pointer whose last segment is empty, so the kept value would have no field name.
+    #[error("'{pointer}' must end in a field name")]
+    NoFieldName {
+        /// The pointer, as written.
+        pointer: String,
+    },
+    /// Two pointers with one last segment, whose values would be stored under one name.
+    #[error(
+        "two pointers would both be stored as '{name}' (the last segment names the stored field)"
+    )]
+    SameFieldName {
+        /// The stored field's name both pointers end in.
+        name: String,
+    },
+}
+
 /// Checks a keep list: JSON Pointers with a non-empty last segment, no two stored under the
-/// same name. Returns a message naming the problem.
-pub fn validate_keep(pointers: &[String]) -> Result<(), String> {
+/// same name.
+///
+/// Errors: the first entry at fault, and why.
+pub fn validate_keep(pointers: &[String]) -> Result<(), KeepError> {
     let mut names = HashSet::new();
     for pointer in pointers {
         if !pointer.starts_with('/') {
-            return Err(format!(
-                "'{pointer}' is not a JSON Pointer (must start with '/')"
-            ));
+            return Err(KeepError::NotAPointer {
+                pointer: pointer.clone(),
+            });
         }
         let name = kept_field_name(pointer);
         if name.is_empty() {
-            return Err(format!("'{pointer}' must end in a field name"));
+            return Err(KeepError::NoFieldName {
+                pointer: pointer.clone(),
+            });
         }
         if !names.insert(name.clone()) {
-            return Err(format!(
-                "two pointers would both be stored as '{name}' (the last segment names the stored field)"
-            ));
+            return Err(KeepError::SameFieldName { name });
         }
     }
     Ok(())

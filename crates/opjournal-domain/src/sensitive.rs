@@ -477,15 +477,26 @@ pub struct KeyPattern {
     regex: Regex,
 }
 
+/// Why a `key_pattern` is refused: it is not a valid regular expression, or compiles to more
+/// than the size limit. The message quotes the `regex` crate's own.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a valid regular expression: {reason}")]
+pub struct KeyPatternError {
+    /// What the `regex` crate found wrong, as it words it.
+    pub reason: String,
+}
+
 impl KeyPattern {
     /// Compiles `pattern`, anchored at both ends.
     ///
     /// Errors: the pattern is not a valid regular expression, or is too large.
-    pub fn new(pattern: &str) -> Result<Self, String> {
+    pub fn new(pattern: &str) -> Result<Self, KeyPatternError> {
         let regex = regex::RegexBuilder::new(&format!(r"\A(?:{pattern})\z"))
             .size_limit(1 << 20)
             .build()
-            .map_err(|e| format!("not a valid regular expression: {e}"))?;
+            .map_err(|e| KeyPatternError {
+                reason: e.to_string(),
+            })?;
         Ok(Self {
             source: pattern.to_owned(),
             regex,

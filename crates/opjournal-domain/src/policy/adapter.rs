@@ -171,7 +171,7 @@ pub const URL_VARIABLES: &[&str] = &["provider_key"];
 
 /// Checks an http adapter's settings; the error names the setting and what is wrong.
 pub fn validate_http(http: &HttpAdapterConfig) -> Result<(), (&'static str, String)> {
-    validate_url_template(&http.url).map_err(|message| ("url", message))?;
+    validate_url_template(&http.url).map_err(|e| ("url", e.to_string()))?;
     if !(http.timeout_seconds > 0.0 && http.timeout_seconds <= 300.0) {
         return Err((
             "timeout_seconds",
@@ -277,6 +277,69 @@ fn validate_absence(http: &HttpAdapterConfig) -> Result<(), (&'static str, Strin
     Ok(())
 }
 
+/// Why an http adapter's `url` template is refused; the message names the problem without
+/// the setting's name, which the caller adds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlTemplateError {
+    /// The scheme is neither `http` nor `https`.
+    #[error("must start with http:// or https://")]
+    UnsupportedScheme,
+    /// A `{` opens a variable that no `}` closes.
+    #[error("has a '{{' without a closing '}}'")]
+    UnclosedVariable,
+    /// `{operation_key}`: the journal's key, which differs from the provider key in any
+    /// namespace but `default` and for keys with `/`.
+    #[error(
+        "{{operation_key}} names the journal's key, which is not the key the provider was \
+         called with in any namespace but default nor for keys with '/' (t1/key, \
+         default/a/b); the provider's \"not found\" for it would release an operation that \
+         took effect: use {{provider_key}}, the only variable"
+    )]
+    OperationKeyVariable,
+    /// `{external_id}`: the provider's id, not the key the provider was called with.
+    #[error(
+        "{{external_id}} asks about the provider's id, not the key the provider was called \
+         with; a \"not found\" for it says nothing about that key: use {{provider_key}}, the \
+         only variable"
+    )]
+    ExternalIdVariable,
+    /// `{namespace}`: a part of the provider key, where a lookup must ask about all of it.
+    #[error(
+        "{{namespace}} is part of the provider key already; a lookup must ask about the whole \
+         provider key: use {{provider_key}}, the only variable"
+    )]
+    NamespaceVariable,
+    /// A variable of any other name.
+    #[error("{{{name}}} is not a lookup variable: use {{provider_key}}, the only variable")]
+    UnknownVariable {
+        /// The variable's name, without its braces.
+        name: String,
+    },
+    /// No `{provider_key}` anywhere.
+    #[error("must contain {{provider_key}}, the key the provider was called with")]
+    MissingProviderKey,
+    /// `{provider_key}` in the scheme, host or port, or a template whose origin moves with
+    /// the key.
+    #[error(
+        "{{provider_key}} must be in the path or the query: the scheme, host and port are \
+         fixed, so lookups and their headers go to one origin"
+    )]
+    ProviderKeyInOrigin,
+    /// A fragment (`#`), which is never sent to the provider.
+    #[error(
+        "must not have a fragment ('#'): it is never sent to the provider, so a key there is \
+         not asked about"
+    )]
+    Fragment,
+    /// The template, with a key in place of `{provider_key}`, does not parse as a URL with
+    /// a host.
+    #[error("is not a valid URL")]
+    InvalidUrl,
+    /// User information (`user:password@`) before the host.
+    #[error("must not carry credentials; give them in headers read from the environment")]
+    Credentials,
+}
+
 /// Checks an http adapter's `url` template: `http://` or `https://`, `{provider_key}` in the
 /// path or the query (never in the scheme, host or port, which are fixed), and no other
 /// variable: `{operation_key}` differs from the provider key in any namespace but `default`
@@ -284,61 +347,41 @@ fn validate_absence(http: &HttpAdapterConfig) -> Result<(), (&'static str, Strin
 /// something the provider was not called with, whose "not found" would read as absence.
 ///
 /// Errors: why the template is refused.
-pub fn validate_url_template(url: &str) -> Result<(), String> {
+pub fn validate_url_template(url: &str) -> Result<(), UrlTemplateError> {
     let Some(rest) = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))
     else {
-        return Err("must start with http:// or https://".into());
+        return Err(UrlTemplateError::UnsupportedScheme);
     };
     let mut tail = url;
     while let Some(open) = tail.find('{') {
         let after = &tail[open + 1..];
         let Some(close) = after.find('}') else {
-            return Err("has a '{' without a closing '}'".into());
+            return Err(UrlTemplateError::UnclosedVariable);
         };
         let name = &after[..close];
         if !URL_VARIABLES.contains(&name) {
-            let why = match name {
-                "operation_key" => {
-                    "names the journal's key, which is not the key the provider was called \
-                     with in any namespace but default nor for keys with '/' (t1/key, \
-                     default/a/b); the provider's \"not found\" for it would release an \
-                     operation that took effect"
-                }
-                "external_id" => {
-                    "asks about the provider's id, not the key the provider was called with; \
-                     a \"not found\" for it says nothing about that key"
-                }
-                "namespace" => {
-                    "is part of the provider key already; a lookup must ask about the whole \
-                     provider key"
-                }
-                _ => "is not a lookup variable",
-            };
-            return Err(format!(
-                "{{{name}}} {why}: use {{provider_key}}, the only variable"
-            ));
+            return Err(match name {
+                "operation_key" => UrlTemplateError::OperationKeyVariable,
+                "external_id" => UrlTemplateError::ExternalIdVariable,
+                "namespace" => UrlTemplateError::NamespaceVariable,
+                _ => UrlTemplateError::UnknownVariable {
+                    name: name.to_owned(),
+                },
+            });
         }
         tail = &after[close + 1..];
     }
     if !url.contains("{provider_key}") {
-        return Err("must contain {provider_key}, the key the provider was called with".into());
+        return Err(UrlTemplateError::MissingProviderKey);
     }
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     if rest[..authority_end].contains('{') {
-        return Err(
-            "{provider_key} must be in the path or the query: the scheme, host and port are \
-             fixed, so lookups and their headers go to one origin"
-                .into(),
-        );
+        return Err(UrlTemplateError::ProviderKeyInOrigin);
     }
     if url.contains('#') {
-        return Err(
-            "must not have a fragment ('#'): it is never sent to the provider, so a key there \
-             is not asked about"
-                .into(),
-        );
+        return Err(UrlTemplateError::Fragment);
     }
     // Parsed the way lookups parse it, with two different keys: the origin must not move
     // (`http:///{provider_key}` is parsed with the key as the host).
@@ -349,18 +392,12 @@ pub fn validate_url_template(url: &str) -> Result<(), String> {
     match origins.as_slice() {
         [Ok(one), Ok(other)] if one.host().is_some() && one.origin() == other.origin() => {}
         [Ok(one), Ok(_)] if one.host().is_some() => {
-            return Err(
-                "{provider_key} must be in the path or the query: the scheme, host and port \
-                 are fixed, so lookups and their headers go to one origin"
-                    .into(),
-            );
+            return Err(UrlTemplateError::ProviderKeyInOrigin);
         }
-        _ => return Err("is not a valid URL".into()),
+        _ => return Err(UrlTemplateError::InvalidUrl),
     }
     if rest[..authority_end].contains('@') {
-        return Err(
-            "must not carry credentials; give them in headers read from the environment".into(),
-        );
+        return Err(UrlTemplateError::Credentials);
     }
     Ok(())
 }

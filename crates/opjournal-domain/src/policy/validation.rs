@@ -199,9 +199,9 @@ impl Policy {
             );
         }
         if let Some(keep) = &action.result.keep
-            && let Err(message) = result::validate_keep(keep)
+            && let Err(error) = result::validate_keep(keep)
         {
-            problem(&at(&["result", "keep"]), &message);
+            problem(&at(&["result", "keep"]), &error.to_string());
         }
         if action
             .result
