@@ -155,14 +155,14 @@ fn group_commit(config: &Config) -> Option<GroupCommit> {
 /// Errors: the URL or the secret does not parse.
 pub fn webhook_config(
     config: &Config,
-) -> Result<Option<crate::reconcile::webhook::WebhookConfig>, String> {
+) -> Result<Option<crate::reconcile::webhook::WebhookConfig>, WebhookConfigError> {
     use crate::domain::escalation::{RetrySchedule, WebhookSecret};
     let (Some(url), Some(secret)) = (&config.webhook.url, &config.webhook.secret) else {
         return Ok(None);
     };
     Ok(Some(crate::reconcile::webhook::WebhookConfig {
-        url: reqwest::Url::parse(url.expose()).map_err(|_| "webhook.url: not a URL".to_owned())?,
-        secret: WebhookSecret::parse(secret.expose()).map_err(|e| e.to_string())?,
+        url: reqwest::Url::parse(url.expose()).map_err(|_| WebhookConfigError::Url)?,
+        secret: WebhookSecret::parse(secret.expose())?,
         timeout: config.webhook.timeout,
         claim_lease: config.webhook.claim_hold,
         schedule: RetrySchedule {
@@ -174,6 +174,18 @@ pub fn webhook_config(
         batch_size: config.webhook.batch_size,
         sample_interval: config.reconcile.backlog_sample_interval,
     }))
+}
+
+/// Why the webhook settings cannot be used (the configuration's check refuses both first).
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookConfigError {
+    /// `webhook.url` does not parse as a URL (the message never repeats it: it may hold a
+    /// token).
+    #[error("webhook.url: not a URL")]
+    Url,
+    /// `webhook.secret` is not a `whsec_` secret.
+    #[error(transparent)]
+    Secret(#[from] crate::domain::escalation::WebhookSecretError),
 }
 
 /// This process's name in the history: `HOSTNAME` (the pod name on Kubernetes) and pid.

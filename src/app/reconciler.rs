@@ -139,7 +139,7 @@ fn start_webhooks(
     components: &Components,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
-    let Some(webhook) = components::webhook_config(config).map_err(|e| anyhow::anyhow!(e))? else {
+    let Some(webhook) = components::webhook_config(config)? else {
         return Ok(None);
     };
     let delivery = WebhookDelivery::new(
