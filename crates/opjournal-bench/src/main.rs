@@ -23,6 +23,7 @@ use sqlx::{Connection as _, Executor as _, PgConnection, PgPool};
 
 mod calls;
 mod cpu;
+mod floor;
 mod load;
 mod reference;
 mod scale;
@@ -88,6 +89,11 @@ struct Args {
     /// Skip pgbench (ratios to it are then not reported).
     #[arg(long)]
     no_pgbench: bool,
+    /// Skip the gRPC floor (`opjournal-grpc-floor`: the same lifecycles against a server of
+    /// the same protocol answering from memory), and with it the server's CPU as a multiple
+    /// of the floor's.
+    #[arg(long)]
+    no_floor: bool,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/report.json")]
     report: PathBuf,
@@ -267,6 +273,7 @@ impl Bench {
                 "server_max_connections": self.max_connections(self.args.clients),
                 "server_max_connections_high": (self.args.high_clients > 0)
                     .then(|| self.max_connections(self.args.high_clients)),
+                "grpc_floor": !self.args.no_floor,
             }),
         );
 
@@ -281,12 +288,17 @@ impl Bench {
             .references(reference_url.as_deref(), self.args.clients)
             .await?;
         let empty = self.journal_run("empty").await?;
+        // Each floor run comes right after the journal's at the same client count.
+        let mut floors = Vec::new();
+        floors.extend(self.floor_run(self.args.clients).await?);
         let high = if self.args.high_clients > 0 {
             references.extend(
                 self.references(reference_url.as_deref(), self.args.high_clients)
                     .await?,
             );
-            Some(self.high_run("high").await?)
+            let high = self.high_run("high").await?;
+            floors.extend(self.floor_run(self.args.high_clients).await?);
+            Some(high)
         } else {
             None
         };
@@ -311,6 +323,7 @@ impl Bench {
             &empty,
             high.as_ref(),
             scaled.as_ref().map(|s| &s.0),
+            &floors,
         );
         print_results(
             self.args.clients,
@@ -318,12 +331,21 @@ impl Bench {
             &empty,
             high.as_ref(),
             scaled.as_ref().map(|s| &s.0),
+            &floors,
             &targets,
         );
         self.report.insert("empty".into(), journal_json(&empty));
         if let Some(high) = &high {
             self.report.insert("high_clients".into(), high.to_json());
         }
+        self.report.insert(
+            "grpc_floor".into(),
+            floor::report(
+                &floors,
+                (self.args.clients, &empty.lifecycle),
+                high.as_ref().map(|h| &h.lifecycle),
+            ),
+        );
         if let Some((run, extra)) = &scaled {
             let mut value = journal_json(run);
             if let (Some(map), Value::Object(extra)) = (value.as_object_mut(), extra) {
@@ -353,6 +375,7 @@ impl Bench {
         println!("\nReport: {}", self.args.report.display());
 
         let errors = empty.errors()
+            + floors.iter().map(|f| f.lifecycle.errors).sum::<u64>()
             + high.as_ref().map_or(0, HighRun::errors)
             + scaled.as_ref().map_or(0, |s| s.0.errors());
         if errors > 0 {
@@ -385,6 +408,22 @@ impl Bench {
             Duration::from_secs_f64(self.args.duration),
         )
         .await
+    }
+
+    /// The gRPC floor's lifecycle run at `clients` (see [`floor`]), unless `--no-floor`.
+    async fn floor_run(&self, clients: usize) -> anyhow::Result<Option<floor::FloorRun>> {
+        if self.args.no_floor {
+            return Ok(None);
+        }
+        floor::run(
+            clients,
+            Duration::from_secs_f64(self.args.warmup),
+            Duration::from_secs_f64(self.args.duration),
+            &self.run_id,
+            &self.dir,
+        )
+        .await
+        .map(Some)
     }
 
     /// The server's database pool for a run of `clients` clients.
@@ -1064,8 +1103,8 @@ fn rss(pid: Option<u32>) -> Value {
 
 /// One target: the figure, the bound and whether it holds.
 struct Target {
-    /// The number of the performance target it checks (1 to 6), or none for one kept from
-    /// the targets before them.
+    /// The number of the performance target it checks (1 to 6), or none for one outside
+    /// them (kept from the targets before them, or the gRPC floor's).
     number: Option<u8>,
     name: String,
     value: Option<f64>,
@@ -1126,6 +1165,7 @@ fn targets(
     empty: &JournalRun,
     high: Option<&HighRun>,
     scaled: Option<&JournalRun>,
+    floors: &[floor::FloorRun],
 ) -> Vec<Target> {
     let (clients, high_clients) = (args.clients, args.high_clients);
     let tps = |script: &str, clients: usize| {
@@ -1168,7 +1208,7 @@ fn targets(
     .into_iter()
     .flatten()
     .reduce(f64::max);
-    vec![
+    let mut targets = vec![
         Target::new(
             Some(1),
             format!("lifecycle / pgbench minimal, {clients} clients"),
@@ -1246,7 +1286,13 @@ fn targets(
             "< 10",
             |v| kept_up && v < TARGET_BEGIN_P99_MS,
         ),
-    ]
+    ];
+    targets.extend(floor::targets(
+        floors,
+        (clients, &empty.lifecycle),
+        (high_clients, high.map(|h| &h.lifecycle)),
+    ));
+    targets
 }
 
 fn print_header(args: &Args, machine: &Value) {
@@ -1339,6 +1385,7 @@ fn print_results(
     empty: &JournalRun,
     high: Option<&HighRun>,
     scaled: Option<&JournalRun>,
+    floors: &[floor::FloorRun],
     targets: &[Target],
 ) {
     if !references.is_empty() {
@@ -1414,6 +1461,10 @@ fn print_results(
             &[("lifecycle", &run.lifecycle), ("replay", &run.replay)],
             &[&run.lifecycle, &run.replay, &run.conflict, &run.open_loop],
         );
+        // The floor ran beside the empty journal, not the preloaded one.
+        if let (0, Some(f)) = (i, floors.iter().find(|f| f.clients == clients)) {
+            floor::print(f, &run.lifecycle);
+        }
         println!();
         // The run at the second client count came right after the empty journal's.
         if let (0, Some(high)) = (i, high) {
@@ -1444,6 +1495,9 @@ fn print_results(
                 &[("lifecycle", &high.lifecycle)],
                 &[&high.lifecycle, &high.open_loop],
             );
+            if let Some(f) = floors.iter().find(|f| f.clients == high.clients) {
+                floor::print(f, &high.lifecycle);
+            }
             println!();
         }
     }
@@ -1559,7 +1613,7 @@ mod tests {
             checkpoints: 0,
         };
         let scaled = journal(800, 1200, 4.4, 20.0);
-        let targets = targets(&args, &references, &empty, Some(&high), Some(&scaled));
+        let targets = targets(&args, &references, &empty, Some(&high), Some(&scaled), &[]);
 
         let one = by_number(&targets, 1);
         assert_eq!(one[0].value, Some(0.9));
@@ -1586,13 +1640,59 @@ mod tests {
         assert_eq!(six[0].met, Some(false));
     }
 
+    /// `run` with its server's CPU per operation at `ms`.
+    fn with_server_ms(mut run: RunResult, ms: f64) -> RunResult {
+        run.cpu = Some(json!({ "server_ms_per_op": ms }));
+        run
+    }
+
+    #[test]
+    fn the_server_cpu_is_read_against_the_floor_at_the_same_client_count() {
+        let args = Args::parse_from(["opjournal-bench"]);
+        let mut empty = journal(900, 1200, 4.0, 30.0);
+        empty.lifecycle = with_server_ms(result("lifecycle", 900, 1.0, 0, 0.4), 0.3);
+        let high = HighRun {
+            clients: 64,
+            lifecycle: with_server_ms(result("lifecycle", 1500, 1.0, 0, 0.4), 0.5),
+            open_loop: result("open_loop", 750, 2.0, 0, 0.4),
+            rss: json!({ "peak_rss_mib": 30.0 }),
+            checkpoints: 0,
+        };
+        let floor = |clients: usize, ms: f64| floor::FloorRun {
+            clients,
+            lifecycle: with_server_ms(result("lifecycle", 5000, 1.0, 0, 0.0), ms),
+        };
+        let floors = [floor(16, 0.1), floor(64, 0.25)];
+        let is_floor = |t: &&Target| t.name.starts_with("server CPU per lifecycle / gRPC floor");
+
+        let measured = targets(&args, &[], &empty, Some(&high), None, &floors);
+        let ratios: Vec<&Target> = measured.iter().filter(is_floor).collect();
+        assert_eq!(ratios.len(), 2);
+        assert!(
+            (ratios[0].value.unwrap() - 3.0).abs() < 1e-9,
+            "0.3 / 0.1 at 16"
+        );
+        assert_eq!(ratios[0].met, Some(false));
+        assert!(
+            (ratios[1].value.unwrap() - 2.0).abs() < 1e-9,
+            "0.5 / 0.25 at 64"
+        );
+        assert_eq!(ratios[1].met, Some(true));
+
+        // `--no-floor`: both rows stay, unmeasured.
+        let skipped = targets(&args, &[], &empty, Some(&high), None, &[]);
+        for target in skipped.iter().filter(is_floor) {
+            assert_eq!((target.value, target.met), (None, None), "{}", target.name);
+        }
+    }
+
     #[test]
     fn a_skipped_run_leaves_its_targets_unmeasured_and_unsent_calls_fail_them() {
         let args = Args::parse_from(["opjournal-bench", "--high-clients", "0"]);
         let references = [pgbench(MINIMAL, 16, 1000.0, 0.2)];
         let mut empty = journal(900, 1200, 4.0, 30.0);
         empty.open_loop.dropped = 3;
-        let targets = targets(&args, &references, &empty, None, None);
+        let targets = targets(&args, &references, &empty, None, None, &[]);
         for number in [2, 5] {
             for target in by_number(&targets, number) {
                 assert_eq!(target.value, None, "{}", target.name);
