@@ -104,17 +104,12 @@ fn operation(namespace: &str, key: &str, state: &State) -> proto::Operation {
 /// The `OperationJournal` service of the floor.
 struct FloorService(Floor);
 
-fn not_served<T>() -> Result<Response<T>, Status> {
-    Err(Status::unimplemented("not served by the gRPC floor"))
-}
-
-#[tonic::async_trait]
-impl OperationJournal for FloorService {
-    async fn begin_operation(
+impl FloorService {
+    /// Begin: EXECUTE for a new key, REPLAY for one already seen.
+    fn begin(
         &self,
-        request: Request<proto::BeginOperationRequest>,
-    ) -> Result<Response<proto::BeginOperationResponse>, Status> {
-        let r = request.into_inner();
+        r: proto::BeginOperationRequest,
+    ) -> Result<proto::BeginOperationResponse, Status> {
         let mut shard = self
             .0
             .shard(&r.namespace, &r.operation_key)
@@ -122,11 +117,11 @@ impl OperationJournal for FloorService {
             .map_err(|_| Status::internal("poisoned"))?;
         let id = (r.namespace, r.operation_key);
         if let Some(state) = shard.get(&id) {
-            return Ok(Response::new(proto::BeginOperationResponse {
+            return Ok(proto::BeginOperationResponse {
                 decision: proto::Decision::Replay.into(),
                 operation: Some(operation(&id.0, &id.1, state)),
                 ..proto::BeginOperationResponse::default()
-            }));
+            });
         }
         let state = State {
             action_type: r.action_type,
@@ -140,14 +135,14 @@ impl OperationJournal for FloorService {
             ..proto::BeginOperationResponse::default()
         };
         shard.insert(id, state);
-        Ok(Response::new(response))
+        Ok(response)
     }
 
-    async fn complete_operation(
+    /// Complete: the operation of the lease token, succeeded.
+    fn complete(
         &self,
-        request: Request<proto::CompleteOperationRequest>,
-    ) -> Result<Response<proto::CompleteOperationResponse>, Status> {
-        let r = request.into_inner();
+        r: proto::CompleteOperationRequest,
+    ) -> Result<proto::CompleteOperationResponse, Status> {
         let (namespace, key) =
             parse_token(&r.lease_token).ok_or_else(|| Status::invalid_argument("lease token"))?;
         let mut shard = self
@@ -163,52 +158,49 @@ impl OperationJournal for FloorService {
         let mut operation = operation(&namespace, &key, state);
         operation.external_id = Some(r.external_id);
         operation.result_json = Some(r.result_json);
-        Ok(Response::new(proto::CompleteOperationResponse {
+        Ok(proto::CompleteOperationResponse {
             operation: Some(operation),
-        }))
+        })
     }
+}
 
-    async fn fail_operation(
-        &self,
-        _: Request<proto::FailOperationRequest>,
-    ) -> Result<Response<proto::FailOperationResponse>, Status> {
-        not_served()
-    }
+/// The floor's `OperationJournal`: Begin and Complete from memory; every other RPC of the
+/// service, listed with its request and response, answered `UNIMPLEMENTED`.
+macro_rules! floor_service {
+    ($($rpc:ident($request:ident) -> $response:ident;)*) => {
+        #[tonic::async_trait]
+        impl OperationJournal for FloorService {
+            async fn begin_operation(
+                &self,
+                request: Request<proto::BeginOperationRequest>,
+            ) -> Result<Response<proto::BeginOperationResponse>, Status> {
+                self.begin(request.into_inner()).map(Response::new)
+            }
 
-    async fn report_unknown_outcome(
-        &self,
-        _: Request<proto::ReportUnknownOutcomeRequest>,
-    ) -> Result<Response<proto::ReportUnknownOutcomeResponse>, Status> {
-        not_served()
-    }
+            async fn complete_operation(
+                &self,
+                request: Request<proto::CompleteOperationRequest>,
+            ) -> Result<Response<proto::CompleteOperationResponse>, Status> {
+                self.complete(request.into_inner()).map(Response::new)
+            }
 
-    async fn renew_lease(
-        &self,
-        _: Request<proto::RenewLeaseRequest>,
-    ) -> Result<Response<proto::RenewLeaseResponse>, Status> {
-        not_served()
-    }
+            $(async fn $rpc(
+                &self,
+                _: Request<proto::$request>,
+            ) -> Result<Response<proto::$response>, Status> {
+                Err(Status::unimplemented("not served by the gRPC floor"))
+            })*
+        }
+    };
+}
 
-    async fn get_operation(
-        &self,
-        _: Request<proto::GetOperationRequest>,
-    ) -> Result<Response<proto::GetOperationResponse>, Status> {
-        not_served()
-    }
-
-    async fn list_operations(
-        &self,
-        _: Request<proto::ListOperationsRequest>,
-    ) -> Result<Response<proto::ListOperationsResponse>, Status> {
-        not_served()
-    }
-
-    async fn derive_operation_key(
-        &self,
-        _: Request<proto::DeriveOperationKeyRequest>,
-    ) -> Result<Response<proto::DeriveOperationKeyResponse>, Status> {
-        not_served()
-    }
+floor_service! {
+    fail_operation(FailOperationRequest) -> FailOperationResponse;
+    report_unknown_outcome(ReportUnknownOutcomeRequest) -> ReportUnknownOutcomeResponse;
+    renew_lease(RenewLeaseRequest) -> RenewLeaseResponse;
+    get_operation(GetOperationRequest) -> GetOperationResponse;
+    list_operations(ListOperationsRequest) -> ListOperationsResponse;
+    derive_operation_key(DeriveOperationKeyRequest) -> DeriveOperationKeyResponse;
 }
 
 #[tokio::main]
