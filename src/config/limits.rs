@@ -68,8 +68,9 @@ pub struct LimitsSettings {
     /// Time a connection may have no call open before it is closed; 0 never.
     #[serde(with = "duration")]
     pub max_connection_idle: Duration,
-    /// Time a call's request message may take to arrive in full; past it the call ends
-    /// with `DEADLINE_EXCEEDED`/`REQUEST_BODY_TIMEOUT`.
+    /// Time a call's request message may take to arrive in full, from its admission (after
+    /// any wait in the queue); past it the call ends with
+    /// `DEADLINE_EXCEEDED`/`REQUEST_BODY_TIMEOUT`.
     #[serde(with = "duration")]
     pub request_body_timeout: Duration,
     /// Time between HTTP/2 PINGs on a connection; 0 sends none.

@@ -108,7 +108,8 @@ pub struct TransportLimits {
     pub first_request_timeout: Duration,
     /// How long a connection may have no call open before it is closed; `None` never.
     pub max_connection_idle: Option<Duration>,
-    /// How long a call's request message may take to arrive in full, from its headers.
+    /// How long a call's request message may take to arrive in full, from its admission
+    /// (its headers; for a call that waited in the queue, the moment it got its place).
     pub request_body_timeout: Duration,
     /// What `RetryInfo` suggests to a shed call.
     pub overload_retry_after: Duration,
