@@ -44,7 +44,8 @@ pub struct LimitsSettings {
     /// a valid token); at most `max_in_flight_requests`. One more waits in the queue.
     pub max_in_flight_requests_per_caller: usize,
     /// Calls waiting at once for a place in flight (places go to waiting callers in turn,
-    /// each caller's oldest first); one more is answered `RESOURCE_EXHAUSTED` /
+    /// each caller's oldest first), one caller at most its share (this ×
+    /// `max_in_flight_requests_per_caller` / `max_in_flight_requests`); one more is answered `RESOURCE_EXHAUSTED` /
     /// `SERVER_OVERLOADED` with a `RetryInfo`. 0: none wait, a call past the in-flight
     /// budget is answered so at once. Each holds its request head (at most
     /// `max_header_list_bytes`) and at most 1 MiB of unread body (its HTTP/2 window).

@@ -972,6 +972,8 @@ async fn one_caller_s_queue_does_not_delay_another_caller_beyond_one_freed_place
             transport: TransportLimits {
                 max_in_flight_requests: 3,
                 max_in_flight_requests_per_caller: 2,
+                // A caller queues at most 6 × 2 / 3 = 4 of them.
+                max_queued_requests: 6,
                 ..TransportLimits::default()
             },
             ..SpawnOptions::default()
@@ -983,7 +985,8 @@ async fn one_caller_s_queue_does_not_delay_another_caller_beyond_one_freed_place
     let a = [("authorization", bearer_a.as_str())];
     let b = [("authorization", bearer_b.as_str())];
     // On one connection, in order: tenant A holds its share (two calls, no body yet), B one
-    // call, which fills the budget; then A queues six more, and B one Begin after them.
+    // call, which fills the budget; then A asks for six more (four queued: its share of the
+    // queue, two refused), and B one Begin after them, which still finds room.
     let mut raw = raw_connection(app.addr).await;
     let a_held: Vec<_> = (0..2)
         .map(|_| open_call(&mut raw, GET_OPERATION, &a))
@@ -1011,8 +1014,17 @@ async fn one_caller_s_queue_does_not_delay_another_caller_beyond_one_freed_place
         .expect("B's Begin got the freed place");
     assert_eq!(status.code(), Code::Ok, "{status:?}");
     assert_eq!(app.rows_for("payment:fair:intent-01").await, 1);
-    // A's queued calls are still waiting: A never ran more than its share.
-    let (first_queued, _stream) = a_queued.into_iter().next().unwrap();
+    // A's calls past its share of the queue were refused; its queued calls are still
+    // waiting: A never ran more than its share.
+    let mut a_queued = a_queued.into_iter();
+    let (first_queued, _stream) = a_queued.next().unwrap();
+    let refused: Vec<_> = a_queued.skip(3).collect();
+    for (response, _stream) in refused {
+        assert_eq!(
+            overload_limit(grpc_status(response).await),
+            "max_queued_requests"
+        );
+    }
     assert!(
         tokio::time::timeout(Duration::from_millis(200), first_queued)
             .await

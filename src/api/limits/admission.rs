@@ -39,7 +39,7 @@ const REFLECTION_PATH: &str = "/grpc.reflection.";
 /// `max_queue_wait`, and at most until shortly before its `grpc-timeout` deadline (see
 /// [`queue_wait`]). It is refused with `RESOURCE_EXHAUSTED`, `ErrorInfo` reason
 /// `SERVER_OVERLOADED` and a `RetryInfo` when the queue holds `max_queued_requests` calls
-/// already (metadata `limit`: `max_queued_requests`; with 0, the budget's setting as
+/// already, or the caller its share of them (metadata `limit`: `max_queued_requests`; with 0, the budget's setting as
 /// before), or when its wait ends without a place (`limit`: `max_queue_wait`, or
 /// `grpc-timeout` when the caller's deadline was the nearer). A refused call was not served:
 /// nothing was done. Health calls are never queued.

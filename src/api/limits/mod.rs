@@ -34,7 +34,8 @@
 //!   address when the call carries no valid token). Past either, the call waits in a
 //!   bounded, fair **admission queue** (at most `max_queued_requests` calls; places freed
 //!   are handed to waiting callers in turn, each caller's oldest first, never past a
-//!   caller's share) for at most `max_queue_wait` and at most until shortly before its own
+//!   caller's share; one caller queues at most its share of the queue, in the same
+//!   proportion) for at most `max_queue_wait` and at most until shortly before its own
 //!   `grpc-timeout` deadline. It is answered `RESOURCE_EXHAUSTED`, `ErrorInfo` reason
 //!   `SERVER_OVERLOADED` (metadata `limit`: `max_queued_requests` when the queue is full,
 //!   `max_queue_wait` or `grpc-timeout` when its wait ended) and a `RetryInfo` (load
@@ -86,7 +87,9 @@ pub struct TransportLimits {
     /// the call carries no valid token); at most `max_in_flight_requests`.
     pub max_in_flight_requests_per_caller: usize,
     /// Calls waiting at once for a place in flight, over all callers (0: none wait, a call
-    /// past the in-flight budget is refused at once). Past it, `RESOURCE_EXHAUSTED`,
+    /// past the in-flight budget is refused at once); one caller at most its share,
+    /// `max_queued_requests` × `max_in_flight_requests_per_caller` /
+    /// `max_in_flight_requests`. Past either, `RESOURCE_EXHAUSTED`,
     /// `ErrorInfo` reason `SERVER_OVERLOADED`, metadata `limit` `max_queued_requests`. Each
     /// holds its request head (at most `max_header_list_bytes`) and at most its stream's
     /// HTTP/2 flow-control window (1 MiB) of unread body.

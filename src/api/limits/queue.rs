@@ -53,13 +53,17 @@ pub(super) struct Settings {
 
 /// Places shared by holders: at most `total` at once, at most `per_holder` of one holder;
 /// but a holder's first `always` places are given even when `total` is reached. Past those,
-/// at most `max_queued` calls wait for a place (0: none, refused at once).
+/// at most `max_queued` calls wait for a place (0: none, refused at once), at most
+/// `max_queued_per_holder` of one holder: the queue is shared in the budget's proportion
+/// (`max_queued` × `per_holder` / `total`, half with the defaults), so one holder's flood
+/// cannot fill it and another holder's call always finds room.
 #[derive(Debug)]
 pub(super) struct Budget {
     total: usize,
     per_holder: usize,
     always: usize,
     max_queued: usize,
+    max_queued_per_holder: usize,
     settings: Settings,
     held: Mutex<BudgetState>,
 }
@@ -109,6 +113,10 @@ impl Budget {
             per_holder,
             always: always.min(per_holder),
             max_queued,
+            max_queued_per_holder: match max_queued {
+                0 => 0,
+                _ => (max_queued * per_holder / total).max(1),
+            },
             settings,
             held: Mutex::default(),
         })
@@ -120,8 +128,8 @@ impl Budget {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A place for `holder` now, a ticket in the queue, or (the queue full, or no queue) the
-    /// setting that refuses it.
+    /// A place for `holder` now, a ticket in the queue, or (the queue full or the holder's
+    /// share of it, or no queue) the setting that refuses it.
     pub(super) fn acquire(self: &Arc<Self>, holder: Holder) -> Result<Admit, &'static str> {
         let mut held = self.lock();
         let count = held.by_holder.get(&holder).copied().unwrap_or(0);
@@ -136,7 +144,8 @@ impl Budget {
                 holder,
             }));
         }
-        if held.queued >= self.max_queued {
+        let own_queued = held.waiting.get(&holder).map_or(0, VecDeque::len);
+        if held.queued >= self.max_queued || own_queued >= self.max_queued_per_holder {
             return Err(match (self.max_queued, full) {
                 (0, true) => self.settings.total,
                 (0, false) => self.settings.per_holder,
@@ -365,6 +374,26 @@ mod tests {
         // B's second waiter had the turn before C's.
         assert_eq!(budget.lock().by_holder[&principal("b")], 1);
         assert_eq!(budget.lock().queued, 1);
+    }
+
+    #[test]
+    fn one_holder_fills_at_most_its_share_of_the_queue() {
+        let budget = Budget::new(2, 1, 0, 4, SETTINGS);
+        let _a = now(budget.acquire(principal("a")));
+        let _b = now(budget.acquire(principal("b")));
+        let _a_waiting: Vec<_> = (0..2)
+            .map(|_| queued(budget.acquire(principal("a"))))
+            .collect();
+        assert_eq!(budget.acquire(principal("a")).unwrap_err(), "queue");
+        let _b_waiting: Vec<_> = (0..2)
+            .map(|_| queued(budget.acquire(principal("b"))))
+            .collect();
+        assert_eq!(budget.acquire(principal("c")).unwrap_err(), "queue");
+        assert_eq!(
+            Budget::new(128, 64, 0, 4096, SETTINGS).max_queued_per_holder,
+            2048
+        );
+        assert_eq!(Budget::new(8, 1, 0, 2, SETTINGS).max_queued_per_holder, 1);
     }
 
     #[tokio::test]
