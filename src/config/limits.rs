@@ -37,12 +37,23 @@ pub struct LimitsSettings {
     pub max_concurrent_streams: u32,
     /// Largest request header list, in bytes (HTTP/2 `SETTINGS_MAX_HEADER_LIST_SIZE`).
     pub max_header_list_bytes: u32,
-    /// Calls served at once over all connections; one more is answered
-    /// `RESOURCE_EXHAUSTED`/`SERVER_OVERLOADED` with a `RetryInfo`.
+    /// Calls served at once over all connections; one more waits in the admission queue
+    /// (`max_queued_requests`).
     pub max_in_flight_requests: usize,
     /// Calls in flight one caller may hold (a token's principal; the peer's address without
-    /// a valid token); at most `max_in_flight_requests`.
+    /// a valid token); at most `max_in_flight_requests`. One more waits in the queue.
     pub max_in_flight_requests_per_caller: usize,
+    /// Calls waiting at once for a place in flight (places go to waiting callers in turn,
+    /// each caller's oldest first), one caller at most its share (this ×
+    /// `max_in_flight_requests_per_caller` / `max_in_flight_requests`); one more is answered `RESOURCE_EXHAUSTED` /
+    /// `SERVER_OVERLOADED` with a `RetryInfo`. 0: none wait, a call past the in-flight
+    /// budget is answered so at once. Each holds its request head (at most
+    /// `max_header_list_bytes`) and at most 1 MiB of unread body (its HTTP/2 window).
+    pub max_queued_requests: usize,
+    /// Longest time a call waits in the queue (its `grpc-timeout`, less a tenth at most 1 s,
+    /// when shorter); then it is answered `RESOURCE_EXHAUSTED` / `SERVER_OVERLOADED`.
+    #[serde(with = "duration")]
+    pub max_queue_wait: Duration,
     /// Health calls served at once per listener (a `Watch` holds its place while open).
     pub max_health_streams: usize,
     /// Health calls served at once from one peer address, per listener.
@@ -58,8 +69,9 @@ pub struct LimitsSettings {
     /// Time a connection may have no call open before it is closed; 0 never.
     #[serde(with = "duration")]
     pub max_connection_idle: Duration,
-    /// Time a call's request message may take to arrive in full; past it the call ends
-    /// with `DEADLINE_EXCEEDED`/`REQUEST_BODY_TIMEOUT`.
+    /// Time a call's request message may take to arrive in full, from its admission (after
+    /// any wait in the queue); past it the call ends with
+    /// `DEADLINE_EXCEEDED`/`REQUEST_BODY_TIMEOUT`.
     #[serde(with = "duration")]
     pub request_body_timeout: Duration,
     /// Time between HTTP/2 PINGs on a connection; 0 sends none.
@@ -92,6 +104,8 @@ impl Default for LimitsSettings {
             max_header_list_bytes: transport.max_header_list_bytes,
             max_in_flight_requests: transport.max_in_flight_requests,
             max_in_flight_requests_per_caller: transport.max_in_flight_requests_per_caller,
+            max_queued_requests: transport.max_queued_requests,
+            max_queue_wait: transport.max_queue_wait,
             max_health_streams: transport.max_health_streams,
             max_health_streams_per_peer: transport.max_health_streams_per_peer,
             max_grpc_connections: transport.max_connections,
@@ -126,6 +140,8 @@ impl LimitsSettings {
             max_header_list_bytes: self.max_header_list_bytes,
             max_in_flight_requests: self.max_in_flight_requests,
             max_in_flight_requests_per_caller: self.max_in_flight_requests_per_caller,
+            max_queued_requests: self.max_queued_requests,
+            max_queue_wait: self.max_queue_wait,
             max_health_streams: self.max_health_streams,
             max_health_streams_per_peer: self.max_health_streams_per_peer,
             max_connections: self.max_grpc_connections,
@@ -210,6 +226,7 @@ impl LimitsSettings {
             self.http2_keepalive_timeout,
         )?;
         positive("limits.first_request_timeout", self.first_request_timeout)?;
-        positive("limits.request_body_timeout", self.request_body_timeout)
+        positive("limits.request_body_timeout", self.request_body_timeout)?;
+        positive("limits.max_queue_wait", self.max_queue_wait)
     }
 }

@@ -360,6 +360,8 @@ fn transport_limits_are_read_and_zero_turns_an_interval_off() {
         "first_request_timeout = 0",
         "request_body_timeout = \"soon\"",
         "max_connection_idle = -1",
+        "max_queue_wait = 0",
+        "max_queued_requests = -1",
     ] {
         let err = error(&format!("[limits]\n{bad}\n"));
         let key = bad.split(' ').next().unwrap();
@@ -373,10 +375,13 @@ fn connection_and_admission_limits_are_read() {
         "[limits]\nmax_in_flight_requests_per_caller = 3\nmax_health_streams = 5\n\
          max_health_streams_per_peer = 2\nmax_grpc_connections_per_peer = 4\n\
          first_request_timeout = \"1.5s\"\nmax_connection_idle = \"0s\"\n\
-         request_body_timeout = \"2s\"\n",
+         request_body_timeout = \"2s\"\nmax_queued_requests = 0\n\
+         max_queue_wait = \"250ms\"\n",
     )
     .unwrap();
     let limits = config.transport_limits();
+    assert_eq!(limits.max_queued_requests, 0);
+    assert_eq!(limits.max_queue_wait, Duration::from_millis(250));
     assert_eq!(limits.max_in_flight_requests_per_caller, 3);
     assert_eq!(limits.max_health_streams, 5);
     assert_eq!(limits.max_health_streams_per_peer, 2);

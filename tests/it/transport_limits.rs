@@ -1,7 +1,8 @@
 //! The gRPC listeners' bounds, driven by a raw HTTP/2 client (the `h2` crate) that opens
 //! streams and never finishes them and by sockets that never send a byte, the way a
 //! misbehaving caller would: streams per connection, calls in flight (load shedding with
-//! `RESOURCE_EXHAUSTED`) and their share per caller, the health budget on the journal's port
+//! `RESOURCE_EXHAUSTED`), their share per caller and the fair admission queue in front of
+//! them (bursts wait instead of being refused), the health budget on the journal's port
 //! and on a health port, connections per peer, the first-request, idle and request-body
 //! timeouts (plaintext and TLS), header size, and the bare `CANCELLED` of a call whose
 //! `grpc-timeout` passed. Attackers connect from other loopback addresses (127.0.0.2 and
@@ -167,10 +168,12 @@ async fn one_connection_cannot_open_more_streams_than_the_limit_and_others_are_s
 
 #[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
 async fn calls_past_the_in_flight_limit_are_shed_with_retry_info_and_health_is_not(pool: PgPool) {
+    // Without a queue (`max_queued_requests` 0): shed at once, as before the queue.
     let app = spawn_limited(
         pool,
         TransportLimits {
             max_in_flight_requests: 4,
+            max_queued_requests: 0,
             overload_retry_after: Duration::from_millis(700),
             ..TransportLimits::default()
         },
@@ -731,8 +734,9 @@ async fn one_tenant_holding_header_only_begins_cannot_block_another_and_its_call
         .await
         .unwrap();
     assert_eq!(decision(&answer.into_inner()), proto::Decision::Execute);
-    // Tenant A had its share; the rest of its calls were shed at once, and every held one
-    // ends with a clear status once the body timeout passes.
+    // Tenant A had its share; the rest of its calls queued behind it (never more than its
+    // share running), and every one ends with a clear status once the body timeout passes
+    // (the queued ones one timeout after they were admitted): no place leaks.
     let mut shed = 0;
     let mut timed_out = 0;
     for (response, _stream) in held {
@@ -756,7 +760,7 @@ async fn one_tenant_holding_header_only_begins_cannot_block_another_and_its_call
             other => panic!("unexpected {other:?}: {status:?}"),
         }
     }
-    assert_eq!((shed, timed_out), (4, 4));
+    assert_eq!((shed, timed_out), (0, 8));
     // Tenant A's places are back: its next Begin is served.
     let mut request = tonic::Request::new(proto::BeginOperationRequest {
         namespace: "tenant-a".into(),
@@ -775,4 +779,257 @@ async fn one_tenant_holding_header_only_begins_cannot_block_another_and_its_call
         .await
         .unwrap();
     assert_eq!(rows, 2, "the header-only calls wrote nothing");
+}
+
+// ---------------------------------------------------------------------------------------
+// The admission queue: bursts wait for a place instead of being refused.
+
+fn begin_request(namespace: &str, key: &str) -> proto::BeginOperationRequest {
+    proto::BeginOperationRequest {
+        namespace: namespace.into(),
+        operation_key: key.into(),
+        action_type: "create_payment".into(),
+        payload_json: r#"{"amount_minor":1000,"currency":"EUR"}"#.into(),
+        ..Default::default()
+    }
+}
+
+/// Sends a whole unary call (headers, its one message, the end) on `client`.
+fn send_call(
+    client: &mut SendRequest<Bytes>,
+    path: &str,
+    extra: &[(&str, &str)],
+    message: &impl prost::Message,
+) -> ResponseFuture {
+    let (response, mut stream) = open_call(client, path, extra);
+    stream.send_data(grpc_frame(message), true).unwrap();
+    response
+}
+
+async fn rows(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM agent_operations")
+        .fetch_one(app.pool())
+        .await
+        .unwrap()
+}
+
+/// The `limit` of a `RESOURCE_EXHAUSTED` / `SERVER_OVERLOADED` refusal with a `RetryInfo`.
+fn overload_limit(status: tonic::Status) -> String {
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let error = ClientError::from(status);
+    assert_eq!(error.reason, ErrorReason::ServerOverloaded);
+    assert_eq!(error.retry_after, Some(Duration::from_secs(1)));
+    assert!(error.is_transient());
+    error.metadata["limit"].clone()
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_burst_of_two_hundred_lifecycles_at_once_is_queued_and_every_call_served(pool: PgPool) {
+    let app = spawn_limited(pool, TransportLimits::default()).await;
+    // Four connections, so that up to 200 calls reach the server at once (100 streams per
+    // connection), all of one caller (one address): past its share of 64 and the 128.
+    // Without the queue (`max_queued_requests` 0) about 136 of them are refused.
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", app.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        clients.push(proto::operation_journal_client::OperationJournalClient::new(channel));
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(200));
+    let callers: Vec<_> = (0..200)
+        .map(|i| {
+            let mut client = clients[i % 4].clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let key = format!("payment:burst-{i}:intent-01");
+                let begun = client
+                    .begin_operation(begin_request("", &key))
+                    .await?
+                    .into_inner();
+                assert_eq!(decision(&begun), proto::Decision::Execute);
+                client
+                    .complete_operation(proto::CompleteOperationRequest {
+                        lease_token: begun.lease_token,
+                        external_id: format!("pay_{i}"),
+                        result_json: String::new(),
+                    })
+                    .await?;
+                Ok::<_, tonic::Status>(())
+            })
+        })
+        .collect();
+    let mut refused = Vec::new();
+    for caller in callers {
+        if let Err(status) = caller.await.unwrap() {
+            refused.push(status);
+        }
+    }
+    assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
+    let succeeded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM agent_operations WHERE status = 'succeeded'")
+            .fetch_one(app.pool())
+            .await
+            .unwrap();
+    assert_eq!(succeeded, 200);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_call_past_a_full_queue_is_refused_with_retry_info_and_writes_nothing(pool: PgPool) {
+    let app = spawn_limited(
+        pool,
+        TransportLimits {
+            max_in_flight_requests: 2,
+            max_queued_requests: 4,
+            ..TransportLimits::default()
+        },
+    )
+    .await;
+    // On one connection, in order: two calls held in flight (no body yet), four queued.
+    let mut raw = raw_connection(app.addr).await;
+    let held: Vec<_> = (0..6)
+        .map(|_| open_call(&mut raw, GET_OPERATION, &[]))
+        .collect();
+    // The seventh finds the queue full: refused at once, not served.
+    let begin = send_call(
+        &mut raw,
+        BEGIN,
+        &[],
+        &begin_request("", "payment:queue-full:intent-01"),
+    );
+    assert_eq!(
+        overload_limit(grpc_status(begin).await),
+        "max_queued_requests"
+    );
+    // So is another connection's Begin while they wait.
+    let status = app
+        .journal
+        .clone()
+        .begin_operation(begin_request("", "payment:queue-full:intent-02"))
+        .await
+        .unwrap_err();
+    assert_eq!(overload_limit(status), "max_queued_requests");
+    assert_eq!(rows(&app).await, 0, "a refused Begin wrote nothing");
+    // The held and queued calls are served in turn once their requests arrive.
+    for (response, mut stream) in held {
+        stream.send_data(grpc_frame(&missing_key()), true).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(10), grpc_status(response))
+            .await
+            .expect("every queued call is served");
+        assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    }
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_queued_call_whose_deadline_nears_is_refused_before_it_and_writes_nothing(pool: PgPool) {
+    let app = spawn_limited(
+        pool,
+        TransportLimits {
+            max_in_flight_requests: 1,
+            max_queue_wait: Duration::from_secs(2),
+            ..TransportLimits::default()
+        },
+    )
+    .await;
+    let mut raw = raw_connection(app.addr).await;
+    let (_held, _stream) = open_call(&mut raw, GET_OPERATION, &[]);
+    // A Begin with a 400 ms deadline waits for the one place, then is refused with
+    // SERVER_OVERLOADED shortly before its deadline (not a bare CANCELLED at it).
+    let started = tokio::time::Instant::now();
+    let begin = send_call(
+        &mut raw,
+        BEGIN,
+        &[("grpc-timeout", "400m")],
+        &begin_request("", "payment:deadline:intent-01"),
+    );
+    assert_eq!(overload_limit(grpc_status(begin).await), "grpc-timeout");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "it waited: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(rows(&app).await, 0, "the refused Begin wrote nothing");
+    // Without a header, `max_queue_wait` bounds the wait.
+    let begin = send_call(
+        &mut raw,
+        BEGIN,
+        &[],
+        &begin_request("", "payment:deadline:intent-02"),
+    );
+    assert_eq!(overload_limit(grpc_status(begin).await), "max_queue_wait");
+    assert_eq!(rows(&app).await, 0);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn one_caller_s_queue_does_not_delay_another_caller_beyond_one_freed_place(pool: PgPool) {
+    let app = TestApp::spawn_with_options(
+        pool,
+        SpawnOptions {
+            auth: tenants(),
+            transport: TransportLimits {
+                max_in_flight_requests: 3,
+                max_in_flight_requests_per_caller: 2,
+                // A caller queues at most 6 × 2 / 3 = 4 of them.
+                max_queued_requests: 6,
+                ..TransportLimits::default()
+            },
+            ..SpawnOptions::default()
+        },
+    )
+    .await;
+    let bearer_a = format!("Bearer {TOKEN_A}");
+    let bearer_b = format!("Bearer {TOKEN_B}");
+    let a = [("authorization", bearer_a.as_str())];
+    let b = [("authorization", bearer_b.as_str())];
+    // On one connection, in order: tenant A holds its share (two calls, no body yet), B one
+    // call, which fills the budget; then A asks for six more (four queued: its share of the
+    // queue, two refused), and B one Begin after them, which still finds room.
+    let mut raw = raw_connection(app.addr).await;
+    let a_held: Vec<_> = (0..2)
+        .map(|_| open_call(&mut raw, GET_OPERATION, &a))
+        .collect();
+    let (b_held, mut b_stream) = open_call(&mut raw, GET_OPERATION, &b);
+    let a_queued: Vec<_> = (0..6)
+        .map(|_| open_call(&mut raw, GET_OPERATION, &a))
+        .collect();
+    let b_begin = send_call(
+        &mut raw,
+        BEGIN,
+        &b,
+        &begin_request("tenant-b", "payment:fair:intent-01"),
+    );
+    // One place frees (B's held call is answered): it goes to B's Begin, queued last,
+    // because A is at its share.
+    let get = proto::GetOperationRequest {
+        namespace: "tenant-b".into(),
+        operation_key: "payment:order-missing:intent-01".into(),
+    };
+    b_stream.send_data(grpc_frame(&get), true).unwrap();
+    assert_eq!(grpc_status(b_held).await.code(), Code::NotFound);
+    let status = tokio::time::timeout(Duration::from_secs(10), grpc_status(b_begin))
+        .await
+        .expect("B's Begin got the freed place");
+    assert_eq!(status.code(), Code::Ok, "{status:?}");
+    assert_eq!(app.rows_for("payment:fair:intent-01").await, 1);
+    // A's calls past its share of the queue were refused; its queued calls are still
+    // waiting: A never ran more than its share.
+    let mut a_queued = a_queued.into_iter();
+    let (first_queued, _stream) = a_queued.next().unwrap();
+    let refused: Vec<_> = a_queued.skip(3).collect();
+    for (response, _stream) in refused {
+        assert_eq!(
+            overload_limit(grpc_status(response).await),
+            "max_queued_requests"
+        );
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), first_queued)
+            .await
+            .is_err(),
+        "A's oldest queued call is still waiting"
+    );
+    drop(a_held);
 }

@@ -96,8 +96,9 @@ pub enum ErrorReason {
     /// key): it replays, asks for verification, or grants a new lease.
     LeaseExpiredBeforeCall,
     /// `RESOURCE_EXHAUSTED`: the server is serving as many calls as it allows
-    /// (`max_in_flight_requests`); nothing was done. Repeat the same call after the
-    /// `RetryInfo` delay.
+    /// (`max_in_flight_requests`) and its admission queue is full, or the call waited in it
+    /// without a place (metadata `limit` names which); nothing was done. Repeat the same call
+    /// after the `RetryInfo` delay.
     ServerOverloaded,
     /// `DEADLINE_EXCEEDED`: the request's message did not arrive in full within the server's
     /// `request_body_timeout_seconds`; the call was not served, nothing was done. Repeat it.

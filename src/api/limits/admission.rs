@@ -1,11 +1,9 @@
 //! Admission of calls: the in-flight budget shared per caller, the health budget, and the
 //! request-body deadline (see the module above for the rules).
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -16,6 +14,7 @@ use tonic::codegen::Bytes;
 use tower::{Layer, Service};
 
 use super::connections::ConnectionInfo;
+use super::queue::{Admit, Budget, Holder, Place, Settings};
 use super::{TransportLimits, overloaded, request_body_timed_out};
 use crate::api::auth::Authenticator;
 use crate::domain::access::Caller;
@@ -30,117 +29,20 @@ const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 /// The gRPC path prefix of reflection, whose one RPC streams requests.
 const REFLECTION_PATH: &str = "/grpc.reflection.";
 
-/// Who a place in a budget is counted against.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Holder {
-    /// The principal of a valid token, by its (unique) name.
-    Principal(Arc<str>),
-    /// The peer's address: no valid token, or authentication off.
-    Peer(IpAddr),
-    /// No address known (not a TCP connection).
-    Unknown,
-}
-
-impl Holder {
-    fn peer(address: Option<IpAddr>) -> Self {
-        address.map_or(Self::Unknown, Self::Peer)
-    }
-}
-
-/// Places shared by holders: at most `total` at once, at most `per_holder` of one holder;
-/// but a holder's first `always` places are given even when `total` is reached.
-#[derive(Debug)]
-struct Budget {
-    total: usize,
-    per_holder: usize,
-    always: usize,
-    total_setting: &'static str,
-    per_holder_setting: &'static str,
-    held: Mutex<BudgetState>,
-}
-
-#[derive(Debug, Default)]
-struct BudgetState {
-    total: usize,
-    by_holder: HashMap<Holder, usize>,
-}
-
-impl Budget {
-    fn new(
-        total: usize,
-        per_holder: usize,
-        always: usize,
-        total_setting: &'static str,
-        per_holder_setting: &'static str,
-    ) -> Arc<Self> {
-        let total = total.max(1);
-        let per_holder = per_holder.clamp(1, total);
-        Arc::new(Self {
-            total,
-            per_holder,
-            always: always.min(per_holder),
-            total_setting,
-            per_holder_setting,
-            held: Mutex::default(),
-        })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, BudgetState> {
-        self.held
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// A place for `holder`, or the setting that is reached.
-    fn try_acquire(self: &Arc<Self>, holder: Holder) -> Result<Place, &'static str> {
-        let mut held = self.lock();
-        let full = held.total >= self.total;
-        let count = held.by_holder.entry(holder.clone()).or_default();
-        if full && *count >= self.always {
-            if *count == 0 {
-                held.by_holder.remove(&holder);
-            }
-            return Err(self.total_setting);
-        }
-        if *count >= self.per_holder {
-            return Err(self.per_holder_setting);
-        }
-        *count += 1;
-        held.total += 1;
-        Ok(Place {
-            budget: self.clone(),
-            holder,
-        })
-    }
-}
-
-/// One place in a [`Budget`], given back when dropped.
-#[derive(Debug)]
-struct Place {
-    budget: Arc<Budget>,
-    holder: Holder,
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        let mut held = self.budget.lock();
-        held.total = held.total.saturating_sub(1);
-        if let Some(count) = held.by_holder.get_mut(&self.holder) {
-            *count -= 1;
-            if *count == 0 {
-                held.by_holder.remove(&self.holder);
-            }
-        }
-    }
-}
-
 /// Admission of calls, inside the connection limits: the health budget, the in-flight
-/// budget shared per caller, and the request-body timeout. A call that is admitted holds its
-/// place until its answer has been sent in full (a health `Watch`: until it ends).
+/// budget shared per caller with its admission queue, and the request-body timeout. A call
+/// that is admitted holds its place until its answer has been sent in full (a health
+/// `Watch`: until it ends).
 ///
-/// This is where a call waits or is refused; an admission queue (waiting for a place for a
-/// bounded time instead of shedding at once) belongs in [`AdmissionLayer`]'s `call`, in
-/// place of `Budget::try_acquire`.
+/// A journal, reconciler or reflection call that finds the in-flight budget full (or its
+/// caller at its share) waits in a bounded, fair queue (see the `queue` module) for at most
+/// `max_queue_wait`, and at most until shortly before its `grpc-timeout` deadline (see
+/// [`queue_wait`]). It is refused with `RESOURCE_EXHAUSTED`, `ErrorInfo` reason
+/// `SERVER_OVERLOADED` and a `RetryInfo` when the queue holds `max_queued_requests` calls
+/// already, or the caller its share of them (metadata `limit`: `max_queued_requests`; with 0, the budget's setting as
+/// before), or when its wait ends without a place (`limit`: `max_queue_wait`, or
+/// `grpc-timeout` when the caller's deadline was the nearer). A refused call was not served:
+/// nothing was done. Health calls are never queued.
 #[derive(Debug, Clone)]
 pub struct AdmissionLayer {
     calls: Arc<Budget>,
@@ -148,32 +50,96 @@ pub struct AdmissionLayer {
     auth: Authenticator,
     retry_after: Duration,
     body_timeout: Duration,
+    max_queue_wait: Duration,
 }
 
 impl AdmissionLayer {
     /// The admission of a listener with `limits`, its callers told apart by `auth` (each
-    /// listener gets its own layer, and so its own budgets).
+    /// listener gets its own layer, and so its own budgets and queue).
     pub fn new(limits: &TransportLimits, auth: Authenticator) -> Self {
         Self {
             calls: Budget::new(
                 limits.max_in_flight_requests,
                 limits.max_in_flight_requests_per_caller,
                 0,
-                "max_in_flight_requests",
-                "max_in_flight_requests_per_caller",
+                limits.max_queued_requests,
+                Settings {
+                    total: "max_in_flight_requests",
+                    per_holder: "max_in_flight_requests_per_caller",
+                    queue: "max_queued_requests",
+                },
             ),
             health: Budget::new(
                 limits.max_health_streams,
                 limits.max_health_streams_per_peer,
                 HEALTH_PLACES_PER_PEER_ALWAYS_GIVEN,
-                "max_health_streams",
-                "max_health_streams_per_peer",
+                0,
+                Settings {
+                    total: "max_health_streams",
+                    per_holder: "max_health_streams_per_peer",
+                    queue: "max_health_streams",
+                },
             ),
             auth,
             retry_after: limits.overload_retry_after,
             body_timeout: limits.request_body_timeout,
+            max_queue_wait: limits.max_queue_wait,
         }
     }
+
+    /// The `RESOURCE_EXHAUSTED` / `SERVER_OVERLOADED` answer naming `limit`.
+    fn refusal(&self, limit: &'static str) -> http::Response<tonic::body::Body> {
+        tracing::debug!(limit, "call shed");
+        overloaded(self.retry_after, limit).into_http()
+    }
+}
+
+/// Part of a `grpc-timeout` a queued call leaves for being served: a tenth, at most
+/// [`MAX_DEADLINE_MARGIN`].
+const DEADLINE_MARGIN_DIVISOR: u32 = 10;
+/// Most of a `grpc-timeout` kept back for serving a call once it leaves the queue.
+const MAX_DEADLINE_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long a call with `headers` may wait in the queue, and the setting that bounds it:
+/// `max_queue_wait`, or its `grpc-timeout` less a margin for being served (a tenth, at most
+/// 1 s), so that a call that cannot be served in time is refused with `SERVER_OVERLOADED`
+/// before its deadline instead of timing out (`grpc-timeout`).
+fn queue_wait(headers: &http::HeaderMap, max_queue_wait: Duration) -> (Duration, &'static str) {
+    match grpc_timeout(headers) {
+        Some(timeout) => {
+            let margin = (timeout / DEADLINE_MARGIN_DIVISOR).min(MAX_DEADLINE_MARGIN);
+            let wait = timeout.saturating_sub(margin);
+            if wait < max_queue_wait {
+                (wait, "grpc-timeout")
+            } else {
+                (max_queue_wait, "max_queue_wait")
+            }
+        }
+        None => (max_queue_wait, "max_queue_wait"),
+    }
+}
+
+/// The `grpc-timeout` header's duration (gRPC over HTTP/2: at most 8 digits and a unit of
+/// `H`, `M`, `S`, `m`, `u` or `n`); `None` when absent or malformed.
+fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
 }
 
 impl<S> Layer<S> for AdmissionLayer {
@@ -194,9 +160,29 @@ pub struct Admission<S> {
     layer: AdmissionLayer,
 }
 
-impl<S> Service<http::Request<tonic::body::Body>> for Admission<S>
+type Request = http::Request<tonic::body::Body>;
+
+impl<S> Admission<S> {
+    /// Who `request` is counted against, and the budget it takes a place in.
+    fn holder(&self, request: &mut Request, peer: Option<std::net::IpAddr>) -> Holder {
+        match self.layer.auth.authenticate_headers(request.headers()) {
+            Ok(Caller::Principal(principal)) => {
+                let name = Arc::from(principal.name.as_str());
+                // Authenticated once: the services' interceptor takes it from here.
+                request
+                    .extensions_mut()
+                    .insert(Caller::Principal(principal));
+                Holder::Principal(name)
+            }
+            // No token, or one the interceptor will refuse: counted by address.
+            _ => Holder::peer(peer),
+        }
+    }
+}
+
+impl<S> Service<Request> for Admission<S>
 where
-    S: Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>,
+    S: Service<Request, Response = http::Response<tonic::body::Body>> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -207,7 +193,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+    fn call(&mut self, mut request: Request) -> Self::Future {
         let connection = ConnectionInfo::of(request.extensions());
         // The connection has a call open from here until the answer is sent.
         let stream = connection.map(|info| info.open_stream());
@@ -218,45 +204,68 @@ where
         } else {
             Arrival::End
         };
-        let place = if path.starts_with(HEALTH_PATH) {
-            self.layer.health.try_acquire(Holder::peer(peer))
+        let admit = if path.starts_with(HEALTH_PATH) {
+            self.layer.health.acquire(Holder::peer(peer))
         } else {
-            let holder = match self.layer.auth.authenticate_headers(request.headers()) {
-                Ok(Caller::Principal(principal)) => {
-                    let name = Arc::from(principal.name.as_str());
-                    // Authenticated once: the services' interceptor takes it from here.
-                    request
-                        .extensions_mut()
-                        .insert(Caller::Principal(principal));
-                    Holder::Principal(name)
-                }
-                // No token, or one the interceptor will refuse: counted by address.
-                _ => Holder::peer(peer),
-            };
-            self.layer.calls.try_acquire(holder)
+            let holder = self.holder(&mut request, peer);
+            self.layer.calls.acquire(holder)
         };
-        let place = match place {
-            Ok(place) => place,
+        let ticket = match admit {
+            Ok(Admit::Now(place)) => {
+                let answer = serve(&mut self.inner, request, &self.layer, until, place);
+                return Box::pin(async move { answer.await.map(|r| held(r, stream)) });
+            }
+            Ok(Admit::Queued(ticket)) => ticket,
             Err(limit) => {
-                tracing::debug!(limit, "call shed");
-                let response = overloaded(self.layer.retry_after, limit).into_http();
+                let response = self.layer.refusal(limit);
                 return Box::pin(async move { Ok(response) });
             }
         };
-        let deadline = Instant::now() + self.layer.body_timeout;
-        let request =
-            request.map(|body| tonic::body::Body::new(RequestDeadline::new(body, deadline, until)));
-        let answer = self.inner.call(request);
+        // The service that was made ready serves this call later; a clone takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        let (wait, limit) = queue_wait(request.headers(), layer.max_queue_wait);
         Box::pin(async move {
-            let response = answer.await?;
-            Ok(response.map(|body| {
-                tonic::body::Body::new(Holding {
-                    inner: body,
-                    _held: (place, stream),
-                })
-            }))
+            let Some(place) = ticket.granted(Instant::now() + wait).await else {
+                return Ok(layer.refusal(limit));
+            };
+            let answer = serve(&mut inner, request, &layer, until, place);
+            answer.await.map(|r| held(r, stream))
         })
     }
+}
+
+/// Serves `request` with `inner`, its body given `body_timeout` (counted from admission) to
+/// arrive; the answer holds `place` until it has been sent.
+fn serve<S>(
+    inner: &mut S,
+    request: Request,
+    layer: &AdmissionLayer,
+    until: Arrival,
+    place: Place,
+) -> impl Future<Output = Result<(S::Response, Place), S::Error>> + use<S>
+where
+    S: Service<Request, Response = http::Response<tonic::body::Body>>,
+{
+    let deadline = Instant::now() + layer.body_timeout;
+    let request =
+        request.map(|body| tonic::body::Body::new(RequestDeadline::new(body, deadline, until)));
+    let answer = inner.call(request);
+    async move { Ok((answer.await?, place)) }
+}
+
+/// The answer, its body holding the call's place and open stream until it is dropped.
+fn held<H: Send + 'static>(
+    (response, place): (http::Response<tonic::body::Body>, Place),
+    stream: H,
+) -> http::Response<tonic::body::Body> {
+    response.map(|body| {
+        tonic::body::Body::new(Holding {
+            inner: body,
+            _held: (place, stream),
+        })
+    })
 }
 
 /// What a call's request body must have delivered before `request_body_timeout`.
@@ -410,34 +419,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_holder_gets_its_share_and_another_still_fits() {
-        let budget = Budget::new(4, 2, 0, "total", "per_holder");
-        let a = Holder::Principal(Arc::from("a"));
-        let b = Holder::Peer(IpAddr::from([127, 0, 0, 1]));
-        let first = budget.try_acquire(a.clone()).unwrap();
-        let _second = budget.try_acquire(a.clone()).unwrap();
-        assert_eq!(budget.try_acquire(a.clone()).unwrap_err(), "per_holder");
-        let _b1 = budget.try_acquire(b.clone()).unwrap();
-        let _b2 = budget.try_acquire(b.clone()).unwrap();
-        assert_eq!(budget.try_acquire(b).unwrap_err(), "total");
-        drop(first);
-        let _again = budget.try_acquire(a).unwrap();
-        // A share above the total is the total.
-        assert_eq!(Budget::new(2, 10, 0, "t", "p").per_holder, 2);
-    }
-
-    #[test]
-    fn a_holder_s_first_places_are_given_even_when_the_budget_is_full() {
-        let budget = Budget::new(2, 2, 1, "total", "per_holder");
-        let a = Holder::Peer(IpAddr::from([127, 0, 0, 2]));
-        let b = Holder::Peer(IpAddr::from([127, 0, 0, 3]));
-        let _a = (budget.try_acquire(a.clone()), budget.try_acquire(a));
-        let b1 = budget.try_acquire(b.clone()).unwrap();
-        assert_eq!(budget.try_acquire(b.clone()).unwrap_err(), "total");
-        drop(b1);
-        let c = Holder::Peer(IpAddr::from([127, 0, 0, 4]));
-        let _c = budget.try_acquire(c).unwrap();
-        assert_eq!(budget.lock().by_holder.len(), 2);
+    fn a_queued_call_waits_until_shortly_before_its_deadline_or_max_queue_wait() {
+        let headers = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert("grpc-timeout", value.parse().unwrap());
+            headers
+        };
+        let max = Duration::from_secs(10);
+        let ms = Duration::from_millis;
+        assert_eq!(queue_wait(&headers("400m"), max), (ms(360), "grpc-timeout"));
+        assert_eq!(queue_wait(&headers("5S"), max), (ms(4500), "grpc-timeout"));
+        // The margin is at most 1 s.
+        assert_eq!(
+            queue_wait(&headers("1M"), Duration::from_secs(120)),
+            (Duration::from_secs(59), "grpc-timeout")
+        );
+        assert_eq!(queue_wait(&headers("1H"), max), (max, "max_queue_wait"));
+        assert_eq!(
+            queue_wait(&http::HeaderMap::new(), max),
+            (max, "max_queue_wait")
+        );
+        for bad in ["", "5", "S", "123456789S", "5x", "-5S"] {
+            assert_eq!(grpc_timeout(&headers(bad)), None, "{bad}");
+        }
+        assert_eq!(
+            grpc_timeout(&headers("20u")),
+            Some(Duration::from_micros(20))
+        );
+        assert_eq!(grpc_timeout(&headers("7n")), Some(Duration::from_nanos(7)));
     }
 
     #[test]

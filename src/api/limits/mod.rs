@@ -31,21 +31,33 @@
 //! - **calls in flight** ([`AdmissionLayer`]): at most `max_in_flight_requests` journal,
 //!   reconciler and reflection calls over all connections, and at most
 //!   `max_in_flight_requests_per_caller` of one caller (the token's principal; the peer's
-//!   address when the call carries no valid token). Past either, the call is answered at
-//!   once with `RESOURCE_EXHAUSTED`, `ErrorInfo` reason `SERVER_OVERLOADED` (metadata
-//!   `limit`: the setting) and a `RetryInfo` (load shedding), instead of queueing.
+//!   address when the call carries no valid token). Past either, the call waits in a
+//!   bounded, fair **admission queue** (at most `max_queued_requests` calls; places freed
+//!   are handed to waiting callers in turn, each caller's oldest first, never past a
+//!   caller's share; one caller queues at most its share of the queue, in the same
+//!   proportion) for at most `max_queue_wait` and at most until shortly before its own
+//!   `grpc-timeout` deadline. It is answered `RESOURCE_EXHAUSTED`, `ErrorInfo` reason
+//!   `SERVER_OVERLOADED` (metadata `limit`: `max_queued_requests` when the queue is full,
+//!   `max_queue_wait` or `grpc-timeout` when its wait ended) and a `RetryInfo` (load
+//!   shedding) only then; nothing was done. With `max_queued_requests` 0 it is answered so
+//!   at once (metadata `limit`: the in-flight setting). A queued call holds its request head
+//!   (at most `max_header_list_bytes`) and what h2 has received of its body into the
+//!   stream's flow-control window (1 MiB at most; 1 MiB at most per connection over all its
+//!   streams): at most about `max_queued_requests` × 16 KiB of heads (64 MiB with the
+//!   defaults) plus 1 MiB per connection of unread bodies.
 //! - **health calls** have a budget of their own, `max_health_streams` (a `Watch` holds its
 //!   place until the client ends it), at most `max_health_streams_per_peer` of one address:
 //!   a flood of journal calls never sheds a probe, and a flood of health watches cannot
 //!   grow the server. A peer's first two health calls are admitted even when the budget is
 //!   full ([`HEALTH_PLACES_PER_PEER_ALWAYS_GIVEN`]), so a prober on its own address is always
-//!   answered.
+//!   answered. Health calls are never queued: past their budget they are refused at once.
 //! - **request body**: a call whose request message has not arrived in full within
-//!   `request_body_timeout` ends with `DEADLINE_EXCEEDED`, `ErrorInfo` reason
+//!   `request_body_timeout` of its admission ends with `DEADLINE_EXCEEDED`, `ErrorInfo` reason
 //!   `REQUEST_BODY_TIMEOUT`, and gives its place back.
 
 mod admission;
 mod connections;
+mod queue;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -69,11 +81,23 @@ pub struct TransportLimits {
     /// value plus 32).
     pub max_header_list_bytes: u32,
     /// Journal, reconciler and reflection calls served at once over all connections; past
-    /// it, `RESOURCE_EXHAUSTED`.
+    /// it, a call waits in the admission queue (`max_queued_requests`).
     pub max_in_flight_requests: usize,
     /// Of those, the most one caller may hold (a token's principal, or a peer address when
     /// the call carries no valid token); at most `max_in_flight_requests`.
     pub max_in_flight_requests_per_caller: usize,
+    /// Calls waiting at once for a place in flight, over all callers (0: none wait, a call
+    /// past the in-flight budget is refused at once); one caller at most its share,
+    /// `max_queued_requests` × `max_in_flight_requests_per_caller` /
+    /// `max_in_flight_requests`. Past either, `RESOURCE_EXHAUSTED`,
+    /// `ErrorInfo` reason `SERVER_OVERLOADED`, metadata `limit` `max_queued_requests`. Each
+    /// holds its request head (at most `max_header_list_bytes`) and at most its stream's
+    /// HTTP/2 flow-control window (1 MiB) of unread body.
+    pub max_queued_requests: usize,
+    /// Longest time a call waits in the queue (a shorter `grpc-timeout`, less a margin for
+    /// being served, bounds it too); past it, `RESOURCE_EXHAUSTED` / `SERVER_OVERLOADED`,
+    /// metadata `limit` `max_queue_wait` (or `grpc-timeout`).
+    pub max_queue_wait: Duration,
     /// Health calls (`Check`, and `Watch` for as long as it is open) served at once.
     pub max_health_streams: usize,
     /// Of those, the most from one peer address.
@@ -87,7 +111,8 @@ pub struct TransportLimits {
     pub first_request_timeout: Duration,
     /// How long a connection may have no call open before it is closed; `None` never.
     pub max_connection_idle: Option<Duration>,
-    /// How long a call's request message may take to arrive in full, from its headers.
+    /// How long a call's request message may take to arrive in full, from its admission
+    /// (its headers; for a call that waited in the queue, the moment it got its place).
     pub request_body_timeout: Duration,
     /// What `RetryInfo` suggests to a shed call.
     pub overload_retry_after: Duration,
@@ -110,6 +135,11 @@ pub const DEFAULT_MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 pub const DEFAULT_MAX_IN_FLIGHT_REQUESTS: usize = 128;
 /// Default calls in flight of one caller: half of all, so two callers always fit.
 pub const DEFAULT_MAX_IN_FLIGHT_REQUESTS_PER_CALLER: usize = 64;
+/// Default calls waiting for a place: a burst of thousands of short calls waits instead of
+/// being refused; at most 64 MiB of request heads with the default header limit.
+pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 4096;
+/// Default longest wait in the queue.
+pub const DEFAULT_MAX_QUEUE_WAIT: Duration = Duration::from_secs(10);
 /// Default health calls at once.
 pub const DEFAULT_MAX_HEALTH_STREAMS: usize = 128;
 /// Default health calls at once from one address.
@@ -130,6 +160,8 @@ impl Default for TransportLimits {
             max_header_list_bytes: DEFAULT_MAX_HEADER_LIST_BYTES,
             max_in_flight_requests: DEFAULT_MAX_IN_FLIGHT_REQUESTS,
             max_in_flight_requests_per_caller: DEFAULT_MAX_IN_FLIGHT_REQUESTS_PER_CALLER,
+            max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
+            max_queue_wait: DEFAULT_MAX_QUEUE_WAIT,
             max_health_streams: DEFAULT_MAX_HEALTH_STREAMS,
             max_health_streams_per_peer: DEFAULT_MAX_HEALTH_STREAMS_PER_PEER,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -187,7 +219,7 @@ impl TransportLimits {
 }
 
 /// The `RESOURCE_EXHAUSTED` answer of a shed call: `ErrorInfo` reason `SERVER_OVERLOADED`
-/// (metadata `limit`: the setting that was reached, e.g. `max_in_flight_requests`) and a
+/// (metadata `limit`: the setting that was reached, e.g. `max_queued_requests`) and a
 /// `RetryInfo` of `retry_after`.
 pub fn overloaded(retry_after: Duration, limit: &str) -> tonic::Status {
     let mut details = ErrorDetails::with_error_info(

@@ -166,7 +166,8 @@ class StoreUnavailableError(JournalUnavailableError):
 
 class ServerOverloadedError(JournalUnavailableError):
     """``RESOURCE_EXHAUSTED`` / ``SERVER_OVERLOADED``: the server is serving as many calls as
-    it allows (``max_in_flight_requests``) and did nothing with this one; repeat it after
+    it allows (``max_in_flight_requests``) and its admission queue is full, or this call
+    waited in it without a place; nothing was done with it. Repeat it after
     :attr:`retry_delay`."""
 
 
