@@ -48,7 +48,7 @@ pub struct LimitsSettings {
     /// `max_in_flight_requests_per_caller` / `max_in_flight_requests`); one more is answered `RESOURCE_EXHAUSTED` /
     /// `SERVER_OVERLOADED` with a `RetryInfo`. 0: none wait, a call past the in-flight
     /// budget is answered so at once. Each holds its request head (at most
-    /// `max_header_list_bytes`) and at most 1 MiB of unread body (its HTTP/2 window).
+    /// `max_header_list_bytes`) and at most 16 KiB of unread body (its HTTP/2 window).
     pub max_queued_requests: usize,
     /// Longest time a call waits in the queue (its `grpc-timeout`, less a tenth at most 1 s,
     /// when shorter); then it is answered `RESOURCE_EXHAUSTED` / `SERVER_OVERLOADED`.

@@ -42,9 +42,9 @@
 //!   shedding) only then; nothing was done. With `max_queued_requests` 0 it is answered so
 //!   at once (metadata `limit`: the in-flight setting). A queued call holds its request head
 //!   (at most `max_header_list_bytes`) and what h2 has received of its body into the
-//!   stream's flow-control window (1 MiB at most; 1 MiB at most per connection over all its
-//!   streams): at most about `max_queued_requests` × 16 KiB of heads (64 MiB with the
-//!   defaults) plus 1 MiB per connection of unread bodies.
+//!   stream's flow-control window ([`STREAM_WINDOW_BYTES`], 16 KiB): at most
+//!   `max_queued_requests` × 16 KiB of unread bodies (32 MiB with the defaults); its head is
+//!   an open stream's, counted with the connection's streams.
 //! - **health calls** have a budget of their own, `max_health_streams` (a `Watch` holds its
 //!   place until the client ends it), at most `max_health_streams_per_peer` of one address:
 //!   a flood of journal calls never sheds a probe, and a flood of health watches cannot
@@ -92,7 +92,7 @@ pub struct TransportLimits {
     /// `max_in_flight_requests`. Past either, `RESOURCE_EXHAUSTED`,
     /// `ErrorInfo` reason `SERVER_OVERLOADED`, metadata `limit` `max_queued_requests`. Each
     /// holds its request head (at most `max_header_list_bytes`) and at most its stream's
-    /// HTTP/2 flow-control window (1 MiB) of unread body.
+    /// HTTP/2 flow-control window ([`STREAM_WINDOW_BYTES`], 16 KiB) of unread body.
     pub max_queued_requests: usize,
     /// Longest time a call waits in the queue (a shorter `grpc-timeout`, less a margin for
     /// being served, bounds it too); past it, `RESOURCE_EXHAUSTED` / `SERVER_OVERLOADED`,
@@ -135,9 +135,15 @@ pub const DEFAULT_MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 pub const DEFAULT_MAX_IN_FLIGHT_REQUESTS: usize = 128;
 /// Default calls in flight of one caller: half of all, so two callers always fit.
 pub const DEFAULT_MAX_IN_FLIGHT_REQUESTS_PER_CALLER: usize = 64;
-/// Default calls waiting for a place: a burst of thousands of short calls waits instead of
-/// being refused; at most 64 MiB of request heads with the default header limit.
-pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 4096;
+/// Default calls waiting for a place: a burst of a thousand short calls from one caller
+/// (its share: 1,024) waits instead of being refused; their bodies cost at most
+/// 2,048 × [`STREAM_WINDOW_BYTES`] = 32 MiB.
+pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 2048;
+/// The HTTP/2 flow-control window of each request stream, in bytes: what a client may send
+/// of a body before the server reads it, so what a queued call holds of its body. A message
+/// of up to `max_message_bytes` still arrives whole: the server opens the window again as
+/// it reads.
+pub const STREAM_WINDOW_BYTES: u32 = 16 * 1024;
 /// Default longest wait in the queue.
 pub const DEFAULT_MAX_QUEUE_WAIT: Duration = Duration::from_secs(10);
 /// Default health calls at once.
@@ -183,6 +189,7 @@ impl TransportLimits {
     pub fn apply(&self, builder: tonic::transport::Server) -> tonic::transport::Server {
         let builder = builder
             .max_concurrent_streams(self.max_concurrent_streams)
+            .initial_stream_window_size(Some(STREAM_WINDOW_BYTES))
             .http2_max_header_list_size(self.max_header_list_bytes)
             .http2_keepalive_interval(self.http2_keepalive_interval)
             .http2_keepalive_timeout(Some(self.http2_keepalive_timeout));

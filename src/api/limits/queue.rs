@@ -11,8 +11,8 @@
 //! place it was handed in the same instant: nothing leaks.
 //!
 //! A queued call holds its request head (at most `max_header_list_bytes`) and whatever of its
-//! body h2 has received into the stream's flow-control window (at most the window, 1 MiB, and
-//! at most the connection's window, 1 MiB, over all of a connection's unread streams); its
+//! body h2 has received into the stream's flow-control window (at most the window,
+//! `STREAM_WINDOW_BYTES`, 16 KiB); its
 //! body is not read until it is admitted.
 
 use std::collections::{HashMap, VecDeque};
