@@ -194,18 +194,36 @@ async fn caller(
 }
 
 /// A gRPC status as a burst answer: `RESOURCE_EXHAUSTED` is a refusal (the server shed the
-/// call), anything else an error; both named by code and `ErrorInfo` reason.
+/// call), anything else an error; both named by code, `ErrorInfo` reason and, when the
+/// server names it, the limit that refused (`limit` in the `ErrorInfo`'s metadata).
 fn classify(status: &tonic::Status) -> Answer {
     use tonic_types::StatusExt as _;
-    let reason = status
-        .get_details_error_info()
-        .map_or_else(|| "-".to_owned(), |info| info.reason);
-    let code = format!("{:?}", status.code());
-    if status.code() == tonic::Code::ResourceExhausted {
-        Answer::Refused(format!("{code} / {reason}"))
-    } else {
-        Answer::Error(format!("{code} / {reason}: {}", status.message()))
+    let info = status.get_details_error_info();
+    let mut kind = format!(
+        "{} / {}",
+        code_name(status.code()),
+        info.as_ref().map_or("-", |info| info.reason.as_str())
+    );
+    if let Some(limit) = info.as_ref().and_then(|info| info.metadata.get("limit")) {
+        kind.push_str(&format!(" (limit {limit})"));
     }
+    if status.code() == tonic::Code::ResourceExhausted {
+        Answer::Refused(kind)
+    } else {
+        Answer::Error(format!("{kind}: {}", status.message()))
+    }
+}
+
+/// A gRPC code's canonical name (`RESOURCE_EXHAUSTED`), from tonic's (`ResourceExhausted`).
+fn code_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if i > 0 && c.is_ascii_uppercase() {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
 }
 
 /// Adds up every caller's outcome (or its task's failure).
@@ -356,7 +374,12 @@ mod tests {
 
     #[test]
     fn refusals_and_errors_are_counted_apart_and_fail_the_target() {
-        let refused = Answer::Refused("ResourceExhausted / SERVER_OVERLOADED".to_owned());
+        assert_eq!(
+            code_name(tonic::Code::ResourceExhausted),
+            "RESOURCE_EXHAUSTED"
+        );
+        assert_eq!(code_name(tonic::Code::Ok), "OK");
+        let refused = Answer::Refused("RESOURCE_EXHAUSTED / SERVER_OVERLOADED".to_owned());
         let outcomes = vec![
             Ok(outcome(
                 vec![("Begin", Answer::Ok), ("Complete", Answer::Ok)],
