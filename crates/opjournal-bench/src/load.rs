@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tonic::transport::{Channel, Endpoint};
 
 /// Latencies are recorded in microseconds, from 1 µs to 60 s, with 3 significant digits.
-fn histogram() -> Histogram<u64> {
+pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("constant bounds are valid")
 }
 

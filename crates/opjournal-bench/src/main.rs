@@ -21,6 +21,7 @@ use opjournal::children::Process;
 use serde_json::{Value, json};
 use sqlx::{Connection as _, Executor as _, PgConnection, PgPool};
 
+mod burst;
 mod calls;
 mod cpu;
 mod floor;
@@ -94,6 +95,15 @@ struct Args {
     /// of the floor's.
     #[arg(long)]
     no_floor: bool,
+    /// Callers of the burst: each runs one lifecycle (Begin of a new key, then Complete),
+    /// all released at one instant against a server with its default limits, on a journal of
+    /// its own; 0 skips it.
+    #[arg(long, default_value_t = 1000)]
+    burst_callers: usize,
+    /// HTTP/2 connections the burst's callers are spread over (at most the server's
+    /// per-peer share of connections, 256).
+    #[arg(long, default_value_t = 32)]
+    burst_connections: usize,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/report.json")]
     report: PathBuf,
@@ -123,6 +133,11 @@ const ARTICLE: &str = "seed-lifecycle.sql";
 /// (`OPJOURNAL_DATABASE__MAX_CONNECTIONS`' default, 10) during the backlog.
 const OTHER_CONNECTIONS: u32 = 2 + 1 + 1 + 10;
 
+/// The server's default share of connections per peer address
+/// (`max_grpc_connections_per_peer`): the burst's connections all come from one address, and
+/// one more would push out another.
+const MAX_CONNECTIONS_PER_PEER: usize = 256;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
@@ -146,6 +161,11 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     );
     anyhow::ensure!(args.backlog > 0, "--backlog must be at least 1");
     anyhow::ensure!(args.purge_batch > 0, "--purge-batch must be at least 1");
+    anyhow::ensure!(
+        (1..=MAX_CONNECTIONS_PER_PEER).contains(&args.burst_connections),
+        "--burst-connections must be 1 to {MAX_CONNECTIONS_PER_PEER} (the server's \
+         connections per peer address)"
+    );
     let run_id = format!("r{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let workdir = tempfile::Builder::new()
         .prefix("opjournal-bench-")
@@ -274,6 +294,8 @@ impl Bench {
                 "server_max_connections_high": (self.args.high_clients > 0)
                     .then(|| self.max_connections(self.args.high_clients)),
                 "grpc_floor": !self.args.no_floor,
+                "burst_callers": self.args.burst_callers,
+                "burst_connections": self.args.burst_connections,
             }),
         );
 
@@ -302,6 +324,7 @@ impl Bench {
         } else {
             None
         };
+        let burst = self.burst_run().await?;
         self.report.insert(
             "pgbench".into(),
             Value::Array(
@@ -317,7 +340,7 @@ impl Bench {
             None
         };
 
-        let targets = targets(
+        let mut targets = targets(
             &self.args,
             &references,
             &empty,
@@ -325,6 +348,7 @@ impl Bench {
             scaled.as_ref().map(|s| &s.0),
             &floors,
         );
+        targets.push(burst::target(self.args.burst_callers, burst.as_ref()));
         print_results(
             self.args.clients,
             &references,
@@ -332,8 +356,12 @@ impl Bench {
             high.as_ref(),
             scaled.as_ref().map(|s| &s.0),
             &floors,
-            &targets,
         );
+        if let Some(burst) = &burst {
+            burst::print(burst);
+            println!();
+        }
+        print_targets(&targets);
         self.report.insert("empty".into(), journal_json(&empty));
         if let Some(high) = &high {
             self.report.insert("high_clients".into(), high.to_json());
@@ -377,6 +405,7 @@ impl Bench {
         let errors = empty.errors()
             + floors.iter().map(|f| f.lifecycle.errors).sum::<u64>()
             + high.as_ref().map_or(0, HighRun::errors)
+            + burst.as_ref().map_or(0, burst::BurstRun::errors_total)
             + scaled.as_ref().map_or(0, |s| s.0.errors());
         if errors > 0 {
             println!("FAILED: {errors} calls got an answer other than the one promised");
@@ -554,8 +583,12 @@ impl Bench {
     }
 
     /// Starts the sandbox provider and a server on a new journal database, with a database
-    /// pool of `max_connections`.
-    async fn start_stand(&mut self, label: &str, max_connections: u32) -> anyhow::Result<Stand> {
+    /// pool of `max_connections` (`None`: the server's default).
+    async fn start_stand(
+        &mut self,
+        label: &str,
+        max_connections: Option<u32>,
+    ) -> anyhow::Result<Stand> {
         let journal_url = self.create_database(label).await?;
         let dir = self.dir.join(label);
         std::fs::create_dir_all(&dir)?;
@@ -573,8 +606,15 @@ impl Bench {
             &policy,
             opjournal::children::payments_policy_yaml(&sandbox_url, "opjournal-bench"),
         )?;
-        let max_connections = max_connections.to_string();
+        let max_connections = max_connections.map(|n| n.to_string());
         let policy_arg = policy.display().to_string();
+        let mut env = vec![("RUST_LOG", "warn")];
+        if let Some(max_connections) = &max_connections {
+            env.push((
+                "OPJOURNAL_DATABASE__MAX_CONNECTIONS",
+                max_connections.as_str(),
+            ));
+        }
         let (server, server_address) = Process::start(
             "opjournal",
             &[
@@ -589,10 +629,7 @@ impl Bench {
                 &policy_arg,
                 "--migrate",
             ],
-            &[
-                ("RUST_LOG", "warn"),
-                ("OPJOURNAL_DATABASE__MAX_CONNECTIONS", &max_connections),
-            ],
+            &env,
             "listening on ",
             &dir,
         )
@@ -615,7 +652,7 @@ impl Bench {
     /// Every journal scenario on a new, empty journal.
     async fn journal_run(&mut self, label: &str) -> anyhow::Result<JournalRun> {
         let stand = self
-            .start_stand(label, self.max_connections(self.args.clients))
+            .start_stand(label, Some(self.max_connections(self.args.clients)))
             .await?;
         let run = self.scenarios(&stand, label).await;
         let run = match run {
@@ -639,7 +676,7 @@ impl Bench {
     async fn high_run(&mut self, label: &str) -> anyhow::Result<HighRun> {
         let clients = self.args.high_clients;
         let stand = self
-            .start_stand(label, self.max_connections(clients))
+            .start_stand(label, Some(self.max_connections(clients)))
             .await?;
         let run = async {
             let channels = load::connect_all(&stand.server_address, clients).await?;
@@ -658,6 +695,33 @@ impl Bench {
         .await;
         stand.stop().await;
         run
+    }
+
+    /// The burst (see [`burst`]) on a new journal whose server keeps every default setting
+    /// (its limits and its database pool), after the same first batch and `ANALYZE` as the
+    /// other runs, its figures added to the report; none with `--burst-callers 0`.
+    async fn burst_run(&mut self) -> anyhow::Result<Option<burst::BurstRun>> {
+        let callers = self.args.burst_callers;
+        if callers == 0 {
+            return Ok(None);
+        }
+        let label = "burst";
+        let stand = self.start_stand(label, None).await?;
+        let run = async {
+            let connections = self.args.burst_connections.min(callers);
+            let channels = load::connect_all(&stand.server_address, connections).await?;
+            let run: Arc<str> = format!("{}{label}", self.run_id).into();
+            self.prepare(&stand, &channels, &run, label).await?;
+            eprintln!("[bench] {label}: {callers} callers over {connections} connections");
+            let mut burst = burst::run(&channels, callers, &run).await;
+            burst.rss = rss(stand.server.id());
+            Ok::<_, anyhow::Error>(burst)
+        }
+        .await;
+        stand.stop().await;
+        let burst = run?;
+        self.report.insert("burst".into(), burst.to_json());
+        Ok(Some(burst))
     }
 
     /// Starts a journal's runs: a checkpoint, then a first batch of operations and
@@ -975,7 +1039,7 @@ impl Bench {
     async fn scale_run(&mut self) -> anyhow::Result<(JournalRun, Value)> {
         let label = "scaled";
         let stand = self
-            .start_stand(label, self.max_connections(self.args.clients))
+            .start_stand(label, Some(self.max_connections(self.args.clients)))
             .await?;
         // One real registration, whose recorded action policy the preload copies.
         let channels = load::connect_all(&stand.server_address, 1).await?;
@@ -1386,7 +1450,6 @@ fn print_results(
     high: Option<&HighRun>,
     scaled: Option<&JournalRun>,
     floors: &[floor::FloorRun],
-    targets: &[Target],
 ) {
     if !references.is_empty() {
         println!(
@@ -1501,6 +1564,10 @@ fn print_results(
             println!();
         }
     }
+}
+
+/// The targets table: each target's figure, bound and verdict.
+fn print_targets(targets: &[Target]) {
     println!("{:<59} {:>10} {:>8}", "target", "value", "bound");
     for t in targets {
         let verdict = match t.met {
