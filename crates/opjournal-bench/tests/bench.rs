@@ -20,6 +20,7 @@ async fn one_command_reports_every_figure_with_ratios_to_pgbench() {
         .args(["--database-url", &admin_url()])
         .args(["--clients", "2", "--duration", "1", "--warmup", "0.5"])
         .args(["--high-clients", "4"])
+        .args(["--burst-callers", "60", "--burst-connections", "4"])
         .args([
             "--backlog",
             "40",
@@ -57,6 +58,12 @@ async fn one_command_reports_every_figure_with_ratios_to_pgbench() {
         "Begin p99 preloaded / empty",
         "server peak RSS over every run, MiB",
         "server peak RSS, MiB",
+        "gRPC floor: lifecycle, answered from memory",
+        "server / gRPC floor, CPU per lifecycle",
+        "server CPU per lifecycle / gRPC floor's, 2 clients",
+        "server CPU per lifecycle / gRPC floor's, 4 clients",
+        "burst: 60 callers over 4 connections",
+        "burst of 60 callers: 0 refused",
     ] {
         assert!(stdout.contains(line), "no {line:?} in\n{stdout}");
     }
@@ -113,8 +120,22 @@ async fn one_command_reports_every_figure_with_ratios_to_pgbench() {
         );
     }
     assert_eq!(report["preloaded"]["operations"].as_i64().unwrap(), 30_001);
+    // The gRPC floor at both client counts, beside the journal's server.
+    let floors = report["grpc_floor"].as_array().unwrap();
+    assert_eq!(floors.len(), 2, "{floors:?}");
+    for floor in floors {
+        assert_eq!(floor["lifecycle"]["errors"], 0, "{floor}");
+        assert!(floor["lifecycle"]["ok"].as_u64().unwrap() > 0, "{floor}");
+        assert!(floor["server_to_floor"].as_f64().unwrap() > 0.0, "{floor}");
+    }
+    // The burst: every caller's lifecycle answered, none refused, with the server's defaults.
+    let burst = &report["burst"];
+    assert_eq!(burst["callers"], 60, "{burst}");
+    assert_eq!(burst["lifecycles_ok"], 60, "{burst}");
+    assert_eq!(burst["refused"], 0, "{burst}");
+    assert_eq!(burst["errors"], 0, "{burst}");
     let targets = report["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 11);
+    assert_eq!(targets.len(), 14);
     for target in targets {
         assert!(target["value"].as_f64().is_some(), "{target}");
         assert!(target["met"].is_boolean(), "{target}");
