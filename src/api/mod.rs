@@ -142,6 +142,7 @@ pub async fn serve_with_health(
         .layer(limits::AdmissionLayer::new(
             &options.limits,
             options.auth.clone(),
+            options.metrics.clone(),
         ));
     let (reporter, health) = tonic_health::server::health_reporter();
     let health = health.max_decoding_message_size(SMALL_REQUEST_BYTES);
@@ -240,6 +241,7 @@ impl HealthOnly {
             .layer(limits::AdmissionLayer::new(
                 &transport,
                 Authenticator::disabled(),
+                Metrics::disabled(),
             ))
             .add_service(health)
             .serve_with_incoming_shutdown(
@@ -313,6 +315,7 @@ pub async fn serve_health(
         .layer(limits::AdmissionLayer::new(
             &transport,
             Authenticator::disabled(),
+            Metrics::disabled(),
         ))
         .add_service(health)
         .serve_with_incoming_shutdown(limits::incoming(listener, &transport), stopped)

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{
     AsyncInstrumentBuilder, Counter, Histogram, Meter, MeterProvider as _, ObservableGauge,
+    UpDownCounter,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -47,6 +48,63 @@ struct Instruments {
     backlog: BacklogGauges,
     webhook_deliveries: Counter<u64>,
     outbox: OutboxGauges,
+    admission: AdmissionInstruments,
+}
+
+/// The admission queue's instruments.
+struct AdmissionInstruments {
+    queued: UpDownCounter<i64>,
+    wait: Histogram<f64>,
+}
+
+impl AdmissionInstruments {
+    fn new(meter: &Meter) -> Self {
+        Self {
+            queued: meter
+                .i64_up_down_counter("opjournal.admission.queued")
+                .with_unit("{call}")
+                .with_description("Calls waiting in the admission queue for a place in flight")
+                .build(),
+            wait: duration_histogram(
+                meter,
+                "opjournal.admission.queue.wait",
+                "Time calls waited in the admission queue, by outcome (admitted, refused, \
+                 abandoned)",
+            ),
+        }
+    }
+}
+
+/// A call waiting in the admission queue, counted in `opjournal.admission.queued` until it
+/// is dropped; its wait is recorded then, under the outcome [`QueuedCall::admitted`] or
+/// [`QueuedCall::refused`] set (`abandoned` when neither: the caller went away).
+pub struct QueuedCall {
+    metrics: Metrics,
+    since: Instant,
+    outcome: &'static str,
+}
+
+impl QueuedCall {
+    /// The call got a place.
+    pub fn admitted(mut self) {
+        self.outcome = "admitted";
+    }
+
+    /// The call was refused (the wait ended without a place).
+    pub fn refused(mut self) {
+        self.outcome = "refused";
+    }
+}
+
+impl Drop for QueuedCall {
+    fn drop(&mut self) {
+        let admission = &self.metrics.inner.admission;
+        admission.queued.add(-1, &[]);
+        admission.wait.record(
+            self.since.elapsed().as_secs_f64(),
+            &[KeyValue::new("outcome", self.outcome)],
+        );
+    }
 }
 
 /// The latest outbox sample and the gauges reading it (kept alive so their callbacks stay
@@ -298,6 +356,7 @@ impl Metrics {
                     "Escalation webhook delivery attempts, by outcome (delivered, failed, dead)",
                 ),
                 outbox: OutboxGauges::new(meter),
+                admission: AdmissionInstruments::new(meter),
                 rpc_duration: duration_histogram(
                     meter,
                     "rpc.server.call.duration",
@@ -369,6 +428,17 @@ impl Metrics {
                 KeyValue::new("rpc.response.status_code", status_code),
             ],
         );
+    }
+
+    /// A call starts waiting in the admission queue: counted as queued until the returned
+    /// guard is dropped, its wait recorded then by outcome.
+    pub fn queued_call(&self) -> QueuedCall {
+        self.inner.admission.queued.add(1, &[]);
+        QueuedCall {
+            metrics: self.clone(),
+            since: Instant::now(),
+            outcome: "abandoned",
+        }
     }
 
     /// A BeginOperation decision (`execute`, `replay`, `in_progress`,

@@ -13,17 +13,20 @@ use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::observe::{samples, value};
 use common::*;
 use h2::client::{ResponseFuture, SendRequest};
 use opjournal::api::TransportLimits;
 use opjournal::client::{ClientError, ErrorReason};
 use opjournal::proto;
+use opjournal::telemetry::{Telemetry, TelemetryOptions};
 use opjournal_gated_io::{Gate, GatedIo};
 use sqlx::PgPool;
 use tokio::io::AsyncRead;
+use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_types::StatusExt as _;
@@ -1032,4 +1035,68 @@ async fn one_caller_s_queue_does_not_delay_another_caller_beyond_one_freed_place
         "A's oldest queued call is still waiting"
     );
     drop(a_held);
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_admission_queue_s_length_and_waits_are_measured(pool: PgPool) {
+    let telemetry = Telemetry::new(&TelemetryOptions::local("opjournal-test")).unwrap();
+    let app = TestApp::spawn_with_options(
+        pool,
+        SpawnOptions {
+            transport: TransportLimits {
+                max_in_flight_requests: 1,
+                max_queued_requests: 4,
+                ..TransportLimits::default()
+            },
+            metrics: telemetry.metrics().clone(),
+            ..SpawnOptions::default()
+        },
+    )
+    .await;
+    let stop = CancellationToken::new();
+    let (metrics_address, _) =
+        opjournal::app::serve_metrics(&telemetry, "127.0.0.1:0".parse().unwrap(), stop.clone())
+            .await
+            .unwrap()
+            .unwrap();
+    let scrape = async || {
+        let url = format!("http://{metrics_address}/metrics");
+        samples(&reqwest::get(url).await.unwrap().text().await.unwrap())
+    };
+    // One call held in flight, one queued behind it, and one queued that gives up shortly
+    // before its deadline.
+    let mut raw = raw_connection(app.addr).await;
+    let (held, mut held_stream) = open_call(&mut raw, GET_OPERATION, &[]);
+    let (queued, mut queued_stream) = open_call(&mut raw, GET_OPERATION, &[]);
+    let late = send_call(
+        &mut raw,
+        GET_OPERATION,
+        &[("grpc-timeout", "2S")],
+        &missing_key(),
+    );
+    let started = Instant::now();
+    while value(&scrape().await, "opjournal_admission_queued", &[]) != Some(2.0) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "two calls never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(overload_limit(grpc_status(late).await), "grpc-timeout");
+    for (response, stream) in [(held, &mut held_stream), (queued, &mut queued_stream)] {
+        stream.send_data(grpc_frame(&missing_key()), true).unwrap();
+        assert_eq!(grpc_status(response).await.code(), Code::NotFound);
+    }
+    let after = scrape().await;
+    assert_eq!(value(&after, "opjournal_admission_queued", &[]), Some(0.0));
+    let waits = |outcome: &str| {
+        value(
+            &after,
+            "opjournal_admission_queue_wait_seconds_count",
+            &[("outcome", outcome)],
+        )
+    };
+    assert_eq!(waits("admitted"), Some(1.0));
+    assert_eq!(waits("refused"), Some(1.0));
+    stop.cancel();
 }

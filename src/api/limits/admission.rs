@@ -18,6 +18,7 @@ use super::queue::{Admit, Budget, Holder, Place, Settings};
 use super::{TransportLimits, overloaded, request_body_timed_out};
 use crate::api::auth::Authenticator;
 use crate::domain::access::Caller;
+use crate::telemetry::Metrics;
 
 /// Health calls of one peer admitted even when `max_health_streams` is reached, so that a
 /// prober (liveness and readiness at once) is answered whoever else fills the budget. Peers
@@ -51,12 +52,15 @@ pub struct AdmissionLayer {
     retry_after: Duration,
     body_timeout: Duration,
     max_queue_wait: Duration,
+    metrics: Metrics,
 }
 
 impl AdmissionLayer {
     /// The admission of a listener with `limits`, its callers told apart by `auth` (each
-    /// listener gets its own layer, and so its own budgets and queue).
-    pub fn new(limits: &TransportLimits, auth: Authenticator) -> Self {
+    /// listener gets its own layer, and so its own budgets and queue); the queue's length
+    /// and waits are recorded in `metrics` (`opjournal.admission.queued`,
+    /// `opjournal.admission.queue.wait`).
+    pub fn new(limits: &TransportLimits, auth: Authenticator, metrics: Metrics) -> Self {
         Self {
             calls: Budget::new(
                 limits.max_in_flight_requests,
@@ -84,6 +88,7 @@ impl AdmissionLayer {
             retry_after: limits.overload_retry_after,
             body_timeout: limits.request_body_timeout,
             max_queue_wait: limits.max_queue_wait,
+            metrics,
         }
     }
 
@@ -227,9 +232,12 @@ where
         let layer = self.layer.clone();
         let (wait, limit) = queue_wait(request.headers(), layer.max_queue_wait);
         Box::pin(async move {
+            let queued = layer.metrics.queued_call();
             let Some(place) = ticket.granted(Instant::now() + wait).await else {
+                queued.refused();
                 return Ok(layer.refusal(limit));
             };
+            queued.admitted();
             let answer = serve(&mut inner, request, &layer, until, place);
             answer.await.map(|r| held(r, stream))
         })
