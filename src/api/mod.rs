@@ -225,6 +225,27 @@ struct HealthOnly {
     server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
+/// Serves only `health` on `listener` under `transport` (a listener's health-only limits:
+/// the same transport limits with budgets of their own), without authentication, until
+/// `stop`.
+async fn serve_health_only<H: tonic_health::pb::health_server::Health>(
+    listener: TcpListener,
+    transport: TransportLimits,
+    health: tonic_health::pb::health_server::HealthServer<H>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    transport
+        .apply(tonic::transport::Server::builder())
+        .layer(limits::AdmissionLayer::new(
+            &transport,
+            Authenticator::disabled(),
+            Metrics::disabled(),
+        ))
+        .add_service(health)
+        .serve_with_incoming_shutdown(limits::incoming(listener, &transport), stop)
+        .await
+}
+
 impl HealthOnly {
     /// Serves `health` on `listener` under the health-only form of `journal_limits`.
     fn spawn<H: tonic_health::pb::health_server::Health>(
@@ -235,19 +256,12 @@ impl HealthOnly {
         let stop = CancellationToken::new();
         // The same transport limits, with budgets of its own: a flood on the journal's port
         // never takes the probes' places here.
-        let transport = journal_limits.health_only();
-        let server = transport
-            .apply(tonic::transport::Server::builder())
-            .layer(limits::AdmissionLayer::new(
-                &transport,
-                Authenticator::disabled(),
-                Metrics::disabled(),
-            ))
-            .add_service(health)
-            .serve_with_incoming_shutdown(
-                limits::incoming(listener, &transport),
-                stop.clone().cancelled_owned(),
-            );
+        let server = serve_health_only(
+            listener,
+            journal_limits.health_only(),
+            health,
+            stop.clone().cancelled_owned(),
+        );
         Self {
             stop,
             server: tokio::spawn(server),
@@ -309,17 +323,7 @@ pub async fn serve_health(
                 .await;
         }
     };
-    let transport = transport.health_only();
-    let result = transport
-        .apply(tonic::transport::Server::builder())
-        .layer(limits::AdmissionLayer::new(
-            &transport,
-            Authenticator::disabled(),
-            Metrics::disabled(),
-        ))
-        .add_service(health)
-        .serve_with_incoming_shutdown(limits::incoming(listener, &transport), stopped)
-        .await;
+    let result = serve_health_only(listener, transport.health_only(), health, stopped).await;
     readiness.abort();
     result?;
     Ok(())
