@@ -345,7 +345,7 @@ pub fn print(burst: &BurstRun) {
 pub fn target(callers: usize, burst: Option<&BurstRun>) -> Target {
     let errors = burst.map_or(0, BurstRun::errors_total);
     Target::new(
-        None,
+        Some(5),
         format!("burst of {callers} callers: 0 refused"),
         burst.map(|b| b.refused_total() as f64),
         "0",

@@ -172,7 +172,7 @@ pub fn targets(
         .into_iter()
         .map(|(count, server)| {
             Target::new(
-                None,
+                Some(1),
                 format!("server CPU per lifecycle / gRPC floor's, {count} clients"),
                 ratio(count, server),
                 "<= 2",
