@@ -13,6 +13,7 @@ use tonic_types::{ErrorDetails, StatusExt as _};
 use crate::domain::access::AccessError;
 use crate::domain::error::{ErrorReason, JournalError};
 use crate::domain::model::ActorKind;
+use crate::store::Cause;
 
 /// The `ErrorInfo.domain` of every error this service returns.
 pub const ERROR_DOMAIN: &str = "opjournal.dev";
@@ -130,14 +131,15 @@ pub fn journal_status(error: JournalError) -> Status {
             reason,
             "this server has no key_derivation_secret configured, so it cannot derive keys",
         ),
-        JournalError::StoreUnavailable(source) => store_unavailable(reason, &source),
-        JournalError::Internal(source) => internal(reason, &source),
+        JournalError::StoreUnavailable(source) => store_unavailable(reason, &*source),
+        JournalError::Internal(source) => internal(reason, &*source),
     }
 }
 
-/// `UNAVAILABLE` with a retry delay; the store's error is logged, never sent.
-fn store_unavailable(reason: &str, source: &dyn std::fmt::Display) -> Status {
-    tracing::warn!(error = %source, "store unavailable");
+/// `UNAVAILABLE` with a retry delay; the store's error is logged (the database's message and
+/// SQLSTATE, see [`Cause`]), never sent.
+fn store_unavailable(reason: &str, source: &(dyn std::error::Error + 'static)) -> Status {
+    tracing::warn!(error = %Cause(source), "store unavailable");
     retryable(
         Code::Unavailable,
         reason,
@@ -146,9 +148,10 @@ fn store_unavailable(reason: &str, source: &dyn std::fmt::Display) -> Status {
     )
 }
 
-/// `INTERNAL`; the detail is logged, never sent.
-fn internal(reason: &str, source: &dyn std::fmt::Display) -> Status {
-    tracing::error!(error = %source, "internal error");
+/// `INTERNAL`; the detail is logged (for a database error its message and SQLSTATE, see
+/// [`Cause`]), never sent.
+fn internal(reason: &str, source: &(dyn std::error::Error + 'static)) -> Status {
+    tracing::error!(error = %Cause(source), "internal error");
     plain(Code::Internal, reason, "internal error")
 }
 

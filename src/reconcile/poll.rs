@@ -17,19 +17,26 @@ pub(crate) trait Rounds {
 }
 
 /// Runs `rounds` every `interval` until `shutdown` is cancelled; the round in progress
-/// finishes first. A failed round is logged as `outage` and retried after at least a second.
+/// finishes first. A failed round is logged, naming the `work` (`reconcile`, `webhook
+/// delivery`) and carrying the database's message and SQLSTATE in `error`, and retried after
+/// at least a second: a warning while the store is unavailable, an error for anything else
+/// (a missing table, a refused statement), which waiting alone will not mend.
 pub(crate) async fn poll_until(
     shutdown: &CancellationToken,
     interval: Duration,
-    outage: &'static str,
+    work: &'static str,
     mut rounds: impl Rounds,
 ) {
     while !shutdown.is_cancelled() {
         let pause = match rounds.round().await {
             Ok(true) => Duration::ZERO,
             Ok(false) => interval,
-            Err(error) => {
-                tracing::warn!(error = %error, "{outage}");
+            Err(error @ StoreError::Unavailable(_)) => {
+                tracing::warn!(error = %error, "store unavailable for {work}; retrying");
+                interval.max(Duration::from_secs(1))
+            }
+            Err(error @ StoreError::Other(_)) => {
+                tracing::error!(error = %error, "database error in {work}; retrying");
                 interval.max(Duration::from_secs(1))
             }
         };

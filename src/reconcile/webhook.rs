@@ -212,8 +212,13 @@ impl WebhookDelivery {
             last_sample: None,
             sampling_fails: false,
         };
-        let outage = "store unavailable for webhook delivery; retrying";
-        poll_until(&shutdown, self.config.poll_interval, outage, rounds).await;
+        poll_until(
+            &shutdown,
+            self.config.poll_interval,
+            "webhook delivery",
+            rounds,
+        )
+        .await;
     }
 }
 

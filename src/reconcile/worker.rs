@@ -200,7 +200,7 @@ impl Worker {
             statistics: NewJournalStatistics::default(),
         };
         let interval = self.config.poll_interval;
-        poll_until(&shutdown, interval, "store unavailable; retrying", rounds).await;
+        poll_until(&shutdown, interval, "reconcile", rounds).await;
     }
 }
 

@@ -35,7 +35,7 @@ use crate::domain::model::{
 
 pub use crate::domain::transition::{Resolution, Settlement};
 pub use crate::telemetry::metrics::BacklogStats;
-pub use error::StoreError;
+pub use error::{Cause, StoreError};
 pub use group_commit::GroupCommit;
 pub use outbox::{DeliveryOutcome, DeliveryState, EscalationOutbox, OutboxEntry, OutboxStats};
 pub use postgres::PgStore;

@@ -109,6 +109,94 @@ async fn the_reconcile_worker_serves_health_settles_work_and_stops_on_sigterm(po
     terminate(child).await;
 }
 
+/// The JSON lines of the log at `path` so far.
+fn json_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn the_reconcile_workers_log_names_a_database_errors_message_and_sqlstate(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    // An operation whose key must never reach the log.
+    let secret_key = "payment:kept-out-of-logs-4417";
+    app.begin(secret_key, "create_payment", PAY_817)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, &app.policy_yaml).unwrap();
+    let args = [
+        "--database-url".to_owned(),
+        app.database_url(),
+        "--policy".to_owned(),
+        policy.display().to_string(),
+        "--health-listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--metrics-listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+    ];
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let (child, address) = start_logging(
+        env!("CARGO_BIN_EXE_opjournal-reconciler"),
+        &args,
+        &[("OPJOURNAL_TELEMETRY__LOG_FORMAT", "json")],
+        Stdio::from(log.reopen().unwrap()),
+        "opjournal-reconciler health on",
+    )
+    .await;
+    wait_serving(&address, "readiness").await;
+
+    // The journal's table goes away under the running worker (as a botched migration or a
+    // misrouted database would make it): every round fails in Postgres.
+    sqlx::query("ALTER TABLE agent_operations RENAME TO agent_operations_away")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let line = loop {
+        let found = json_lines(log.path()).into_iter().find(|line| {
+            line["fields"]["message"] == "database error in reconcile; retrying"
+                || line["message"] == "database error in reconcile; retrying"
+        });
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "no database error logged:\n{}",
+            std::fs::read_to_string(log.path()).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    sqlx::query("ALTER TABLE agent_operations_away RENAME TO agent_operations")
+        .execute(&pool)
+        .await
+        .unwrap();
+    terminate(child).await;
+
+    assert_eq!(line["level"], "ERROR", "{line}");
+    let error = line["error"]
+        .as_str()
+        .or_else(|| line["fields"]["error"].as_str())
+        .unwrap_or_else(|| panic!("no error field in {line}"));
+    assert!(
+        error.contains(r#"relation "agent_operations" does not exist"#)
+            && error.contains("SQLSTATE 42P01"),
+        "{error}"
+    );
+    let whole = std::fs::read_to_string(log.path()).unwrap();
+    assert!(!whole.contains(secret_key), "a key in the log:\n{whole}");
+    // Nothing was lost: the operation is still there, as it was.
+    assert_eq!(
+        op_status(&app.get(secret_key).await),
+        OperationStatus::InProgress
+    );
+}
+
 /// `serve` on ephemeral gRPC and metrics ports against the test app's database.
 fn serve_against(app: &TestApp) -> [String; 7] {
     [

@@ -209,3 +209,43 @@ async fn the_reconcile_workers_readiness_and_polls_recover_without_a_restart(poo
     assert_eq!(app.counts(PAYMENT_KEY).effects, 1);
     shutdown.cancel();
 }
+
+/// A Postgres error as a log line carries its message and SQLSTATE, and not the input a
+/// message would quote.
+#[sqlx::test(migrator = "opjournal::store::postgres::MIGRATOR")]
+async fn a_postgres_error_is_logged_with_its_message_and_sqlstate_and_no_input(pool: PgPool) {
+    let cause =
+        |error: sqlx::Error| opjournal::store::StoreError::Other(Box::new(error)).to_string();
+    let missing = sqlx::query("SELECT * FROM agent_operations_elsewhere")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        cause(missing),
+        r#"database error: relation "agent_operations_elsewhere" does not exist (SQLSTATE 42P01)"#
+    );
+    let quoted = sqlx::query("SELECT 'payment:secret-7731'::uuid")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        cause(quoted),
+        r#"database error: invalid input syntax for type uuid: "…" (SQLSTATE 22P02)"#
+    );
+    let check = sqlx::query(
+        "INSERT INTO agent_operations (namespace, operation_key, action_type, request_hash, \
+         status, created_at, updated_at) VALUES ('default', 'payment:secret-7731', \
+         'create_payment', 'not-a-hash', 'pending', now(), now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap_err();
+    let line = cause(check);
+    assert!(
+        line.contains("(SQLSTATE 23")
+            && line.contains("constraint agent_operations_request_hash_hex")
+            && line.contains("table agent_operations"),
+        "{line}"
+    );
+    assert!(!line.contains("secret-7731"), "{line}");
+}
